@@ -1,0 +1,62 @@
+{{/*
+Names are fixed, not derived from the release: the provider's guide and its users look for
+the DaemonSet `ack-rdma-dp-ds` in kube-system, and the admission policies are cluster-wide.
+*/}}
+{{- define "rdma.dsName" -}}ack-rdma-dp-ds{{- end -}}
+{{- define "rdma.configName" -}}ack-rdma-dp-config{{- end -}}
+{{- define "rdma.saName" -}}ack-rdma-dp{{- end -}}
+{{- define "rdma.hostNetworkPolicyName" -}}ack-rdma-dp-require-hostnetwork{{- end -}}
+{{- define "rdma.ipcLockPolicyName" -}}ack-rdma-dp-warn-ipc-lock{{- end -}}
+
+{{- define "rdma.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels never change after install (a DaemonSet's selector is immutable). */}}
+{{- define "rdma.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/component: device-plugin
+{{- end -}}
+
+{{- define "rdma.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The kubelet's device-plugins directory, mounted at the same path inside the pod. */}}
+{{- define "rdma.devicePluginsDir" -}}
+{{- printf "%s/device-plugins" (trimSuffix "/" .Values.kubeletDir) -}}
+{{- end -}}
+
+{{/* The resource name as a CEL string literal; the schema's pattern keeps quotes out of it. */}}
+{{- define "rdma.celResourceName" -}}
+{{- printf "'%s'" .Values.resourceName -}}
+{{- end -}}
+
+{{/*
+The daemon's config file. Rendered once here so the ConfigMap and the pod's checksum
+annotation are computed from the same text.
+*/}}
+{{- define "rdma.config" -}}
+resourceName: {{ .Values.resourceName | quote }}
+rdmaHcaMax: {{ .Values.rdmaHcaMax }}
+mode: {{ .Values.mode }}
+unhealthyWhen: {{ .Values.unhealthyWhen }}
+{{- if .Values.selectors }}
+selectors:
+  {{- toYaml .Values.selectors | nindent 2 }}
+{{- else }}
+selectors: {}
+{{- end }}
+nonHostNetwork: {{ .Values.nonHostNetwork.enabled }}
+ncclEnv: {{ .Values.ncclEnv }}
+metricsAddress: {{ ternary (printf ":%d" (int .Values.metrics.port)) "" .Values.metrics.enabled | quote }}
+logFormat: {{ .Values.logFormat }}
+logLevel: {{ .Values.logLevel }}
+cdi:
+  enabled: {{ .Values.cdi.enabled }}
+  specDir: {{ .Values.cdi.specDir | quote }}
+{{- end -}}
