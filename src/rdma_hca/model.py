@@ -65,6 +65,8 @@ class Port:
     gids: tuple[Gid, ...]
     umad: CharDevice | None = None
     issm: CharDevice | None = None
+    lid: int | None = None  # InfiniBand only: the port's LID (sysfs "lid", hex)
+    sm_lid: int | None = None  # InfiniBand only: the subnet manager's LID; 0 means no SM seen
 
     @property
     def is_up(self) -> bool:
