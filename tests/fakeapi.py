@@ -1,0 +1,268 @@
+"""A fake Kubernetes API server for tests: real HTTP on 127.0.0.1, JSON shaped like a cluster's.
+
+It serves the three reads ``rdma-hca doctor`` makes, checks the bearer token like the real
+server (401 with a ``Status`` object when it is wrong), returns ``Status`` objects for 403/404,
+filters pods by ``labelSelector`` (equality terms), and records every request so tests can
+assert on what the client sent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+TOKEN = "test-token-0123456789"
+CREATED = "2024-05-01T00:00:00Z"
+
+
+@dataclass
+class Recorded:
+    path: str
+    query: dict[str, list[str]]
+    authorization: str | None
+
+
+@dataclass
+class FakeCluster:
+    """The state the fake server serves; tests mutate it before the request."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    daemonsets: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    forbidden: set[str] = field(default_factory=set)  # resources answered with 403
+    token: str = TOKEN
+    requests: list[Recorded] = field(default_factory=list)
+
+
+def status_object(code: int, reason: str, message: str, details: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details,
+        "code": code,
+    }
+
+
+def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def do_GET(self) -> None:
+        cluster = self.server.cluster
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        auth = self.headers.get("Authorization")
+        cluster.requests.append(Recorded(url.path, query, auth))
+        if auth != f"Bearer {cluster.token}":
+            self._send(401, status_object(401, "Unauthorized", "Unauthorized", {}))
+            return
+        parts = url.path.strip("/").split("/")
+        if parts == ["api", "v1", "nodes"]:
+            self._list("nodes", "", None, "NodeList", cluster.nodes)
+        elif len(parts) == 7 and parts[:4] == ["apis", "apps", "v1", "namespaces"] \
+                and parts[5] == "daemonsets":
+            self._daemonset(parts[4], parts[6])
+        elif len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+            selector = query.get("labelSelector", [""])[0]
+            pods = [
+                p for p in cluster.pods
+                if p["metadata"].get("namespace") == parts[3]
+                and _selector_matches(selector, p["metadata"].get("labels", {}))
+            ]
+            self._list("pods", "", parts[3], "PodList", pods)
+        else:
+            self._send(404, status_object(404, "NotFound", "the server could not find the "
+                                          "requested resource", {}))
+
+    def _forbidden(self, verb: str, resource: str, group: str, ns: str | None) -> bool:
+        if resource not in self.server.cluster.forbidden:
+            return False
+        scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        message = (f'{resource} is forbidden: User "system:serviceaccount:default:viewer" '
+                   f'cannot {verb} resource "{resource}" in API group "{group}" {scope}')
+        self._send(403, status_object(403, "Forbidden", message,
+                                      {"kind": resource, **({"group": group} if group else {})}))
+        return True
+
+    def _list(self, resource: str, group: str, ns: str | None, kind: str,
+              items: list[dict[str, Any]]) -> None:
+        if self._forbidden("list", resource, group, ns):
+            return
+        self._send(200, {"kind": kind, "apiVersion": "v1",
+                         "metadata": {"resourceVersion": "12345"}, "items": items})
+
+    def _daemonset(self, ns: str, name: str) -> None:
+        if self._forbidden("get", "daemonsets", "apps", ns):
+            return
+        ds = self.server.cluster.daemonsets.get((ns, name))
+        if ds is None:
+            self._send(404, status_object(404, "NotFound",
+                                          f'daemonsets.apps "{name}" not found',
+                                          {"name": name, "group": "apps", "kind": "daemonsets"}))
+            return
+        self._send(200, ds)
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.cluster = cluster
+
+
+@contextmanager
+def serve(cluster: FakeCluster) -> Iterator[str]:
+    """Serve ``cluster`` on a free port; yields the server URL."""
+    server = _Server(cluster)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def write_kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
+    """A kubeconfig like ``kubectl config view --raw`` prints, pointing at ``server``."""
+    path.write_text(
+        "apiVersion: v1\n"
+        "kind: Config\n"
+        "clusters:\n"
+        "- name: test\n"
+        "  cluster:\n"
+        f"    server: {server}\n"
+        "contexts:\n"
+        "- name: test\n"
+        "  context:\n"
+        "    cluster: test\n"
+        "    user: viewer\n"
+        "current-context: test\n"
+        "users:\n"
+        "- name: viewer\n"
+        "  user:\n"
+        f"    token: {token}\n"
+    )
+    return path
+
+
+# ------------------------------------------------------------------ objects as a cluster has them
+
+
+def node(name: str, *, hca: str | None = "1k", allocatable: str | None = None,
+         labels: dict[str, str] | None = None, ready: bool = True) -> dict[str, Any]:
+    """A node as ``GET /api/v1/nodes`` lists it, like the seed guide's e01-cn-xxxx."""
+    capacity: dict[str, str] = {"cpu": "192", "memory": "2112881480Ki", "nvidia.com/gpu": "8",
+                                "pods": "64"}
+    alloc: dict[str, str] = {"cpu": "189280m", "memory": "2063229768Ki", "nvidia.com/gpu": "8",
+                             "pods": "64"}
+    if hca is not None:
+        capacity["rdma/hca"] = hca
+        alloc["rdma/hca"] = allocatable if allocatable is not None else hca
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "creationTimestamp": CREATED,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       **(labels or {})},
+        },
+        "spec": {},
+        "status": {
+            "capacity": capacity,
+            "allocatable": alloc,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                            "reason": "KubeletReady" if ready else "KubeletNotReady"}],
+        },
+    }
+
+
+DS_LABELS = {"app": "ack-rdma-dp", "component": "rdma-device-plugin"}
+
+
+def daemonset(*, desired: int, ready: int, node_selector: dict[str, str] | None = None,
+              name: str = "ack-rdma-dp-ds", namespace: str = "kube-system",
+              created: str = CREATED) -> dict[str, Any]:
+    return {
+        "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "metadata": {"name": name, "namespace": namespace, "uid": "uid-ds", "generation": 1,
+                     "creationTimestamp": created},
+        "spec": {
+            "selector": {"matchLabels": dict(DS_LABELS)},
+            "template": {
+                "metadata": {"labels": dict(DS_LABELS)},
+                "spec": {"nodeSelector": node_selector or {}, "hostNetwork": True,
+                         "containers": [{"name": "rdma-hca", "image": "rdma-hca:0.1.0"}]},
+            },
+        },
+        "status": {
+            "currentNumberScheduled": desired,
+            "numberMisscheduled": 0,
+            "desiredNumberScheduled": desired,
+            "numberReady": ready,
+            "observedGeneration": 1,
+            "updatedNumberScheduled": desired,
+            "numberAvailable": ready,
+            **({"numberUnavailable": desired - ready} if desired > ready else {}),
+        },
+    }
+
+
+def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = None,
+        namespace: str = "kube-system") -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {"startedAt": CREATED}}
+    if waiting:
+        state = {"waiting": {"reason": waiting, "message": "back-off restarting"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**DS_LABELS, "controller-revision-hash": "6d4b8f7c9"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": "ack-rdma-dp-ds", "uid": "uid-ds", "controller": True}],
+        },
+        "spec": {"nodeName": node_name, "hostNetwork": True},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Initialized", "status": "True"},
+                {"type": "Ready", "status": "True" if ready else "False"},
+                {"type": "ContainersReady", "status": "True" if ready else "False"},
+                {"type": "PodScheduled", "status": "True"},
+            ],
+            "containerStatuses": [{"name": "rdma-hca", "ready": ready, "restartCount": 0,
+                                   "state": state}],
+        },
+    }
