@@ -31,6 +31,19 @@ app.kubernetes.io/component: device-plugin
 {{- printf "%s/device-plugins" (trimSuffix "/" .Values.kubeletDir) -}}
 {{- end -}}
 
+{{/*
+The schema checks the shape of resourceName; these are the kubelet's other rules for an
+extended resource name, which a JSON schema pattern cannot say clearly.
+*/}}
+{{- define "rdma.checkResourceName" -}}
+{{- if contains "kubernetes.io/" .Values.resourceName -}}
+{{- fail (printf "resourceName %q: the kubernetes.io domain is reserved for built-in resources; use your own domain, e.g. rdma/hca or example.com/rdma" .Values.resourceName) -}}
+{{- end -}}
+{{- if hasPrefix "requests." .Values.resourceName -}}
+{{- fail (printf "resourceName %q: names starting with \"requests.\" are reserved for quotas; use e.g. rdma/hca" .Values.resourceName) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The resource name as a CEL string literal; the schema's pattern keeps quotes out of it. */}}
 {{- define "rdma.celResourceName" -}}
 {{- printf "'%s'" .Values.resourceName -}}

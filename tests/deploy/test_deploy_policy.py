@@ -1,0 +1,253 @@
+"""The admission policies' CEL, taken from `helm template` and evaluated with celpy.
+
+Each case submits an object to the rendered policies the way the API server would (see
+vap_emulator) and checks whether it is refused, warned about, or let through.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from deploy_support import REPO, RenderFn
+from vap_emulator import admit, failures
+
+FIX = "set spec.hostNetwork: true, or install with non-hostNetwork RDMA enabled " \
+      "(needs an IPv6 compute network)"
+IPC = "lacks the IPC_LOCK capability"
+
+Obj = dict[str, Any]
+
+
+def ctr(name: str = "main", limits: dict[str, Any] | None = None,
+        requests: dict[str, Any] | None = None, caps: list[str] | None = None,
+        privileged: bool | None = None) -> Obj:
+    c: Obj = {"name": name, "image": "registry.example.com/app:1"}
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    if resources:
+        c["resources"] = resources
+    sc: Obj = {}
+    if caps is not None:
+        sc["capabilities"] = {"add": caps}
+    if privileged is not None:
+        sc["privileged"] = privileged
+    if sc:
+        c["securityContext"] = sc
+    return c
+
+
+RDMA = {"rdma/hca": 1}
+LOCKED = ["IPC_LOCK"]
+
+
+def spec(*containers: Obj, host: bool | None = None, init: list[Obj] | None = None,
+         ephemeral: list[Obj] | None = None) -> Obj:
+    s: Obj = {"containers": list(containers)}
+    if init:
+        s["initContainers"] = init
+    if ephemeral:
+        s["ephemeralContainers"] = ephemeral
+    if host is not None:
+        s["hostNetwork"] = host
+    return s
+
+
+def pod(pod_spec: Obj, name: str = "p") -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": pod_spec}
+
+
+def workload(kind: str, pod_spec: Obj, name: str = "w") -> Obj:
+    template = {"metadata": {"labels": {"app": name}}, "spec": pod_spec}
+    if kind == "CronJob":
+        body: Obj = {"schedule": "0 * * * *",
+                     "jobTemplate": {"spec": {"template": template}}}
+    elif kind == "Job":
+        body = {"template": template}
+    else:
+        body = {"selector": {"matchLabels": {"app": name}}, "template": template}
+    group = "batch/v1" if kind in ("Job", "CronJob") else "apps/v1"
+    return {"apiVersion": group, "kind": kind, "metadata": {"name": name}, "spec": body}
+
+
+# (case id, object, denied with switch off, IPC_LOCK warning expected)
+CASES: list[tuple[str, Obj, bool, bool]] = [
+    ("pod-host-limits", pod(spec(ctr(limits=RDMA, caps=LOCKED), host=True)), False, False),
+    ("pod-nohost-limits", pod(spec(ctr(limits=RDMA, caps=LOCKED))), True, False),
+    ("pod-host-false", pod(spec(ctr(limits=RDMA, caps=LOCKED), host=False)), True, False),
+    ("pod-nohost-requests", pod(spec(ctr(requests=RDMA, caps=LOCKED))), True, False),
+    ("pod-nohost-other-resources",
+     pod(spec(ctr(limits={"nvidia.com/gpu": 8, "cpu": "1"}))), False, False),
+    ("pod-nohost-no-resources", pod(spec(ctr())), False, False),
+    ("pod-nohost-similar-name",
+     pod(spec(ctr(limits={"rdma/hca-x": 1, "example.com/rdma": 1}))), False, False),
+    ("pod-nohost-init", pod(spec(ctr(), init=[ctr("init", limits=RDMA, caps=LOCKED)])),
+     True, False),
+    ("pod-nohost-ephemeral",
+     pod(spec(ctr(), ephemeral=[ctr("debug", limits=RDMA, caps=LOCKED)])), True, False),
+    ("pod-nohost-second-container",
+     pod(spec(ctr("a"), ctr("b", limits=RDMA, caps=LOCKED))), True, False),
+    ("pod-host-no-ipc-lock", pod(spec(ctr(limits=RDMA), host=True)), False, True),
+    ("pod-host-other-caps",
+     pod(spec(ctr(limits=RDMA, caps=["SYS_RESOURCE"]), host=True)), False, True),
+    ("pod-host-cap-prefixed",
+     pod(spec(ctr(limits=RDMA, caps=["CAP_IPC_LOCK"]), host=True)), False, False),
+    ("pod-host-privileged", pod(spec(ctr(limits=RDMA, privileged=True), host=True)),
+     False, False),
+    ("pod-host-one-of-two-unlocked",
+     pod(spec(ctr("a", limits=RDMA, caps=LOCKED), ctr("b", limits=RDMA), host=True)),
+     False, True),
+    ("pod-nohost-no-ipc-lock", pod(spec(ctr(limits=RDMA))), True, True),
+    ("deployment-host", workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED), host=True)),
+     False, False),
+    ("deployment-nohost", workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED))),
+     True, False),
+    ("statefulset-nohost", workload("StatefulSet", spec(ctr(limits=RDMA, caps=LOCKED))),
+     True, False),
+    ("daemonset-nohost", workload("DaemonSet", spec(ctr(limits=RDMA, caps=LOCKED))),
+     True, False),
+    ("replicaset-nohost", workload("ReplicaSet", spec(ctr(limits=RDMA, caps=LOCKED))),
+     True, False),
+    ("job-nohost", workload("Job", spec(ctr(limits=RDMA, caps=LOCKED))), True, False),
+    ("job-host", workload("Job", spec(ctr(limits=RDMA, caps=LOCKED), host=True)),
+     False, False),
+    ("cronjob-nohost", workload("CronJob", spec(ctr(limits=RDMA, caps=LOCKED))), True, False),
+    ("cronjob-host", workload("CronJob", spec(ctr(limits=RDMA, caps=LOCKED), host=True)),
+     False, False),
+    ("cronjob-nohost-other-resources",
+     workload("CronJob", spec(ctr(limits={"cpu": "1"}))), False, False),
+    ("configmap-not-matched",
+     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+      "data": {"x": "rdma/hca"}}, False, False),
+]
+
+
+@pytest.fixture(scope="module")
+def default_policies(render: RenderFn) -> list[Obj]:
+    return [o for o in render() if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.fixture(scope="module")
+def switch_on_policies(render: RenderFn) -> list[Obj]:
+    return [o for o in render({"nonHostNetwork.enabled": "true"})
+            if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize(("obj", "denied", "warned"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_policy_with_switch_off(default_policies: list[Obj], obj: Obj, denied: bool,
+                                warned: bool) -> None:
+    outcome = admit(default_policies, obj)
+    assert outcome.admitted is not denied, outcome
+    if denied:
+        (message,) = outcome.denied
+        assert FIX in message
+        assert f"{obj['kind']} {obj['metadata']['name']}:" in message
+        assert "rdma/hca" in message
+    assert any(IPC in w for w in outcome.warnings) is warned, outcome.warnings
+
+
+@pytest.mark.parametrize(("obj", "warned"), [(c[1], c[3]) for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_policy_with_switch_on_never_denies(switch_on_policies: list[Obj], obj: Obj,
+                                            warned: bool) -> None:
+    outcome = admit(switch_on_policies, obj)
+    assert outcome.admitted, outcome
+    assert any(IPC in w for w in outcome.warnings) is warned
+
+
+def test_message_names_where_the_pod_spec_is(default_policies: list[Obj]) -> None:
+    job = workload("CronJob", spec(ctr("trainer", limits=RDMA, caps=LOCKED)), name="nightly")
+    (message,) = admit(default_policies, job).denied
+    assert message.startswith("CronJob nightly: container trainer asks for rdma/hca")
+    assert "spec.jobTemplate.spec.template.spec.hostNetwork is not true" in message
+
+
+def test_warning_names_the_container(default_policies: list[Obj]) -> None:
+    p = pod(spec(ctr("ok", limits=RDMA, caps=LOCKED), ctr("bad", limits=RDMA), host=True))
+    (warning,) = admit(default_policies, p).warnings
+    assert "container bad asks for rdma/hca" in warning
+    assert "add IPC_LOCK to securityContext.capabilities.add" in warning
+
+
+def test_generate_name_is_shown_when_there_is_no_name(default_policies: list[Obj]) -> None:
+    p = pod(spec(ctr(limits=RDMA, caps=LOCKED)))
+    p["metadata"] = {"generateName": "worker-"}
+    (message,) = admit(default_policies, p).denied
+    assert message.startswith("Pod worker-*: ")
+
+
+def test_workload_updates_are_checked_but_pod_updates_are_not(
+        default_policies: list[Obj]) -> None:
+    bad_pod = pod(spec(ctr(limits=RDMA, caps=LOCKED)))
+    bad_deployment = workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED)))
+    assert not admit(default_policies, bad_deployment, "UPDATE").admitted
+    assert admit(default_policies, bad_pod, "UPDATE").admitted
+    assert admit(default_policies, bad_deployment, "DELETE").admitted
+
+
+def test_terminating_workload_is_not_blocked(default_policies: list[Obj]) -> None:
+    # Removing a finalizer from an old, non-conforming workload must still work.
+    d = workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED)))
+    d["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    assert admit(default_policies, d, "UPDATE").admitted
+
+
+def test_custom_resource_name_is_what_the_policy_looks_for(render: RenderFn) -> None:
+    policies = render({"resourceName": "example.com/rdma"})
+    custom = pod(spec(ctr(limits={"example.com/rdma": 1}, caps=LOCKED)))
+    outcome = admit(policies, custom)
+    (message,) = outcome.denied
+    assert "asks for example.com/rdma" in message
+    # The default name is just another resource now.
+    assert admit(policies, pod(spec(ctr(limits=RDMA)))).admitted
+    assert not admit(policies, pod(spec(ctr(limits=RDMA)))).warnings
+
+
+def test_every_validation_has_a_static_message_too(default_policies: list[Obj]) -> None:
+    # The API server falls back to `message` if messageExpression fails.
+    for policy in (o for o in default_policies if o["kind"] == "ValidatingAdmissionPolicy"):
+        for validation in policy["spec"]["validations"]:
+            assert validation["message"].strip()
+            assert validation["messageExpression"].strip()
+    deny = next(o for o in default_policies
+                if o["metadata"]["name"] == "ack-rdma-dp-require-hostnetwork")
+    assert " ".join(deny["spec"]["validations"][0]["message"].split()).endswith(FIX)
+
+
+def load_example(name: str) -> Obj:
+    loaded: Obj = yaml.safe_load((REPO / "examples" / name).read_text())
+    return loaded
+
+
+def test_seed_example_is_admitted_without_warnings(default_policies: list[Obj]) -> None:
+    outcome = admit(default_policies, load_example("hps-benchmark-job.yaml"))
+    assert outcome.admitted and not outcome.warnings, outcome
+
+
+def test_non_hostnetwork_example_needs_the_switch(default_policies: list[Obj],
+                                                  switch_on_policies: list[Obj]) -> None:
+    job = load_example("hps-benchmark-job-non-hostnetwork.yaml")
+    (message,) = admit(default_policies, job).denied
+    assert message.startswith("Job hps-benchmark-pod-network: container hps-benchmark")
+    assert FIX in message
+    assert admit(switch_on_policies, job).admitted
+
+
+def test_seed_example_without_host_network_is_denied(default_policies: list[Obj]) -> None:
+    job = copy.deepcopy(load_example("hps-benchmark-job.yaml"))
+    del job["spec"]["template"]["spec"]["hostNetwork"]
+    assert FIX in admit(default_policies, job).denied[0]
+
+
+def test_check_example_is_admitted(default_policies: list[Obj]) -> None:
+    outcome = admit(default_policies, load_example("rdma-check-job.yaml"))
+    assert outcome.admitted and not outcome.warnings, outcome
+
+
+def test_policy_ignores_kinds_outside_its_rules(default_policies: list[Obj]) -> None:
+    policy = next(o for o in default_policies if o["kind"] == "ValidatingAdmissionPolicy")
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    assert failures(policy, cm) is None
+

@@ -1,0 +1,140 @@
+"""What the API server does with a ValidatingAdmissionPolicy, done with `celpy`.
+
+Only the parts our chart uses: `matchConstraints.resourceRules` (group, version, resource,
+operation), `matchConditions`, `variables` (each one sees the ones before it), and
+`validations` with `message`/`messageExpression`, then the binding's `validationActions`.
+The expressions are taken from the rendered chart, so what is tested is what is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import celpy
+from celpy import celtypes
+
+# kind -> (API group, version, resource), for the kinds the tests submit.
+KINDS: dict[str, tuple[str, str, str]] = {
+    "Pod": ("", "v1", "pods"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "DaemonSet": ("apps", "v1", "daemonsets"),
+    "ReplicaSet": ("apps", "v1", "replicasets"),
+    "Job": ("batch", "v1", "jobs"),
+    "CronJob": ("batch", "v1", "cronjobs"),
+    "ConfigMap": ("", "v1", "configmaps"),
+}
+
+_ENV = celpy.Environment()
+
+
+class PolicyError(AssertionError):
+    """An expression failed to evaluate or returned a non-boolean; with failurePolicy Fail
+    the API server would refuse every matching object, so tests must treat it as a bug."""
+
+
+@functools.lru_cache(maxsize=256)
+def _program(expression: str) -> celpy.Runner:
+    return _ENV.program(_ENV.compile(expression))
+
+
+def _evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
+    try:
+        return _program(expression).evaluate(dict(activation))
+    except celpy.CELEvalError as err:
+        raise PolicyError(f"CEL error in {expression!r}: {err.args[0]}") from err
+
+
+def _bool(expression: str, activation: Mapping[str, Any]) -> bool:
+    value = _evaluate(expression, activation)
+    if not isinstance(value, celtypes.BoolType):
+        raise PolicyError(f"{expression!r} returned {value!r}, not a bool")
+    return bool(value)
+
+
+def _rule_matches(rule: Mapping[str, Any], kind: str, operation: str) -> bool:
+    group, version, resource = KINDS[kind]
+    return (
+        operation in rule["operations"] or "*" in rule["operations"]
+    ) and all(
+        wanted in rule[key] or "*" in rule[key]
+        for key, wanted in (("apiGroups", group), ("apiVersions", version),
+                            ("resources", resource))
+    )
+
+
+def _request(obj: Mapping[str, Any], operation: str) -> dict[str, Any]:
+    group, version, resource = KINDS[obj["kind"]]
+    meta = obj.get("metadata", {})
+    return {
+        "kind": {"group": group, "version": version, "kind": obj["kind"]},
+        "resource": {"group": group, "version": version, "resource": resource},
+        "operation": operation,
+        "name": meta.get("name", ""),
+        "namespace": meta.get("namespace", "default"),
+    }
+
+
+@dataclass
+class Outcome:
+    """What a client sees: refusal messages (Deny) and warnings (Warn)."""
+
+    denied: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def admitted(self) -> bool:
+        return not self.denied
+
+
+def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
+             operation: str = "CREATE") -> list[str] | None:
+    """Messages of the policy's failed validations, or None when the policy does not apply."""
+    spec = policy["spec"]
+    rules = spec["matchConstraints"]["resourceRules"]
+    if not any(_rule_matches(rule, obj["kind"], operation) for rule in rules):
+        return None
+    activation: dict[str, Any] = {
+        "object": celpy.json_to_cel(dict(obj)),
+        "oldObject": None,
+        "request": celpy.json_to_cel(_request(obj, operation)),
+    }
+    for condition in spec.get("matchConditions", []):
+        if not _bool(condition["expression"], activation):
+            return None
+    variables: dict[celtypes.StringType, Any] = {}
+    for variable in spec.get("variables", []):
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = _evaluate(
+            variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    messages: list[str] = []
+    for validation in spec["validations"]:
+        if _bool(validation["expression"], activation):
+            continue
+        if "messageExpression" in validation:
+            messages.append(str(_evaluate(validation["messageExpression"], activation)))
+        else:
+            messages.append(validation.get("message", "failed expression"))
+    return messages
+
+
+def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
+          operation: str = "CREATE") -> Outcome:
+    """Run every policy of the rendered chart that a binding enables, as the API server would."""
+    objects = list(objects)
+    policies = {o["metadata"]["name"]: o for o in objects
+                if o["kind"] == "ValidatingAdmissionPolicy"}
+    outcome = Outcome()
+    for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
+        spec = binding["spec"]
+        assert "matchResources" not in spec and "paramRef" not in spec, "not emulated"
+        messages = failures(policies[spec["policyName"]], obj, operation) or []
+        if "Deny" in spec["validationActions"]:
+            outcome.denied += messages
+        if "Warn" in spec["validationActions"]:
+            outcome.warnings += messages
+    return outcome
