@@ -9,6 +9,7 @@ assert on what the client sent.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ class Recorded:
     path: str
     query: dict[str, list[str]]
     authorization: str | None
+    client_cn: str | None  # the common name of a verified TLS client certificate
 
 
 @dataclass
@@ -37,7 +39,7 @@ class FakeCluster:
     daemonsets: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
-    token: str = TOKEN
+    token: str | None = TOKEN  # None: accept any caller (TLS client certificates)
     requests: list[Recorded] = field(default_factory=list)
 
 
@@ -73,8 +75,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query)
         auth = self.headers.get("Authorization")
-        cluster.requests.append(Recorded(url.path, query, auth))
-        if auth != f"Bearer {cluster.token}":
+        cluster.requests.append(Recorded(url.path, query, auth, self._client_cn()))
+        if cluster.token is not None and auth != f"Bearer {cluster.token}":
             self._send(401, status_object(401, "Unauthorized", "Unauthorized", {}))
             return
         parts = url.path.strip("/").split("/")
@@ -94,6 +96,14 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, status_object(404, "NotFound", "the server could not find the "
                                           "requested resource", {}))
+
+    def _client_cn(self) -> str | None:
+        if not isinstance(self.connection, ssl.SSLSocket):
+            return None
+        cert = self.connection.getpeercert() or {}
+        subject: Any = cert.get("subject", ())
+        names = {key: value for rdn in subject for key, value in rdn}
+        return str(names["commonName"]) if "commonName" in names else None
 
     def _forbidden(self, verb: str, resource: str, group: str, ns: str | None) -> bool:
         if resource not in self.server.cluster.forbidden:
@@ -141,13 +151,16 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def serve(cluster: FakeCluster) -> Iterator[str]:
-    """Serve ``cluster`` on a free port; yields the server URL."""
+def serve(cluster: FakeCluster, tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """Serve ``cluster`` on a free port (over TLS when given a server context); yields the URL."""
     server = _Server(cluster)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        scheme = "https" if tls is not None else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
