@@ -1,0 +1,78 @@
+"""examples/: valid Kubernetes objects, and the guide's Job as the guide gives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_support import REPO
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+
+def load(name: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / name).read_text()) if d]
+    assert len(docs) == 1
+    doc: dict[str, Any] = docs[0]
+    return doc
+
+
+def test_the_three_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} >= {
+        "hps-benchmark-job.yaml", "hps-benchmark-job-non-hostnetwork.yaml",
+        "rdma-check-job.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_is_valid_kubernetes(path: Any) -> None:
+    for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_hps_benchmark_is_the_guides_job() -> None:
+    job = load("hps-benchmark-job.yaml")
+    assert (job["apiVersion"], job["kind"], job["metadata"]["name"]) == (
+        "batch/v1", "Job", "hps-benchmark")
+    assert job["spec"]["parallelism"] == 1
+    pod = job["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["restartPolicy"] == "Never"
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["volumes"] == [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
+    (c,) = pod["containers"]
+    assert c["name"] == "hps-benchmark"
+    assert c["command"] == ["sh", "-c", "python /workspace/wdl_8gpu_outbrain.py\n"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8, "rdma/hca": 1}}
+    assert c["workingDir"] == "/root"
+    assert c["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
+    assert c["securityContext"] == {"capabilities": {"add": ["SYS_RESOURCE", "IPC_LOCK"]}}
+    assert c["image"] and c["image"] != "****"
+
+
+def test_non_hostnetwork_twin_differs_only_in_network_and_name() -> None:
+    host = load("hps-benchmark-job.yaml")
+    other = load("hps-benchmark-job-non-hostnetwork.yaml")
+    assert "hostNetwork" not in other["spec"]["template"]["spec"]
+    del host["spec"]["template"]["spec"]["hostNetwork"]
+    assert other["spec"] == host["spec"]
+    assert other["metadata"]["name"] != host["metadata"]["name"]
+
+
+def test_check_job_runs_our_check_on_the_host_network() -> None:
+    job = load("rdma-check-job.yaml")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    (c,) = pod["containers"]
+    assert c["command"] == ["rdma-hca", "check"]
+    assert c["resources"]["limits"]["rdma/hca"] == 1
+    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+    chart = yaml.safe_load(
+        (REPO / "deploy/helm/ack-rdma-device-plugin/values.yaml").read_text())
+    app_version = yaml.safe_load(
+        (REPO / "deploy/helm/ack-rdma-device-plugin/Chart.yaml").read_text())["appVersion"]
+    assert c["image"] == f"{chart['image']['repository']}:{app_version}"
