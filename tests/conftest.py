@@ -1,0 +1,39 @@
+"""Shared fixtures: simulated nodes written under each test's tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rdma_hca.sim import nodes as sim
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path) -> sim.SimNode:
+    """8 RoCE v2 HCAs mlx5_0..mlx5_7 (IPv4) plus the bonded mlx5_bond_0."""
+    return sim.gpu_node(tmp_path / "gpu")
+
+
+@pytest.fixture
+def gpu_node_ipv6(tmp_path: Path) -> sim.SimNode:
+    """The GPU node with global IPv6 GIDs as well (non-hostNetwork RDMA can work)."""
+    return sim.gpu_node(tmp_path / "gpu6", ipv6=True)
+
+
+@pytest.fixture
+def ib_node(tmp_path: Path) -> sim.SimNode:
+    """One two-port InfiniBand HCA with umad and issm per port."""
+    return sim.infiniband_node(tmp_path / "ib")
+
+
+@pytest.fixture
+def erdma_node(tmp_path: Path) -> sim.SimNode:
+    """Two eRDMA HCAs with unknown NUMA node."""
+    return sim.erdma_node(tmp_path / "erdma")
+
+
+@pytest.fixture
+def soft_roce_node(tmp_path: Path) -> sim.SimNode:
+    """rxe0 on eth0 and siw0 on eth1, neither with a PCI parent."""
+    return sim.soft_roce_node(tmp_path / "soft", siw=True)
