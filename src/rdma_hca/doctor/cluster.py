@@ -14,6 +14,9 @@ from typing import Any
 
 from rdma_hca.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
 from rdma_hca.doctor.quantity import QuantityError, format_quantity, parse_quantity
+from rdma_hca.doctor.result import Check
+
+__all__ = ["AccessError", "Check", "ClusterData", "ClusterReport", "evaluate", "fetch"]
 
 RDMA_LABELS: tuple[tuple[str, str], ...] = (
     ("feature.node.kubernetes.io/rdma.capable", "true"),
@@ -29,17 +32,6 @@ RBAC_FIX = (
 
 class AccessError(KubeError):
     """401/403: the credentials work at the network level but are refused."""
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One verdict: what was checked, on what, the finding, and the fix when it failed."""
-
-    subject: str  # "cluster" or a node name
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,12 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rdma_hca.doctor.cluster import Check, ClusterReport
+from rdma_hca.doctor.cluster import ClusterReport
+from rdma_hca.doctor.result import Check
 
 OK, FAIL = "✓", "✗"
+# Subjects that need no "node X:" prefix: the whole cluster, this node, this container.
+_GLOBAL_SUBJECTS = frozenset({"cluster", "node", "container"})
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -35,7 +38,7 @@ def checks_text(checks: Sequence[Check]) -> str:
     """One line per check, and an indented "how to fix" line under every failure."""
     lines = []
     for c in checks:
-        subject = "" if c.subject == "cluster" else f"node {c.subject}: "
+        subject = "" if c.subject in _GLOBAL_SUBJECTS else f"node {c.subject}: "
         lines.append(f"{mark(c.ok)} {subject}{c.name}: {c.detail}")
         if not c.ok and c.fix:
             lines.append(f"    how to fix: {c.fix}")
