@@ -74,7 +74,10 @@ def run(
     environment, the home directory, the service-account root and the clock."""
     stream = out if out is not None else sys.stdout
     if args.node:
-        return _fail(stream, args.json, EXIT_USAGE, "the node view is not built yet")
+        # Imported here: the node view needs discovery and config, the cluster view neither.
+        from rdma_hca.doctor import node
+
+        return node.run(args, out=stream, env=env)
     return run_cluster(
         args,
         env=os.environ if env is None else env,
