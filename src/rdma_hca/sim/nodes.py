@@ -532,11 +532,13 @@ def gpu_node(
     hcas: int = 8,
     bond: bool = True,
     numa_nodes: int = 2,
+    gid_table_size: int = 256,
 ) -> SimNode:
     """A GPU server: ``hcas`` ConnectX-7 RoCE v2 HCAs mlx5_0.. (400 Gb/s, netdevs eth0..,
     one IPv4 address each and with ``ipv6`` a global IPv6 address too), spread evenly
     over ``numa_nodes`` NUMA nodes (0 means the platform reports none), uverbs numbers
     shuffled; with ``bond`` also ``mlx5_bond_0``: two 200 Gb/s ports bonded as bond0.
+    ``gid_table_size`` below the real 256 only makes builds cheaper for tests.
     """
     total = hcas + (1 if bond else 0)
     order = _shuffled(total)
@@ -546,6 +548,7 @@ def gpu_node(
             netdev=f"eth{i}",
             ipv4=f"10.{i // 256}.{i % 256}.11",
             ipv6=f"2001:db8:0:{i:x}::11" if ipv6 else None,
+            gid_table_size=gid_table_size,
         )
         specs.append(
             HcaSpec(
@@ -567,6 +570,7 @@ def gpu_node(
             rate="200 Gb/sec (4X HDR)",
             ipv4="192.168.0.11",
             ipv6="2001:db8:ffff::11" if ipv6 else None,
+            gid_table_size=gid_table_size,
         )
         specs.append(
             HcaSpec(
