@@ -121,6 +121,18 @@ def test_missing_uverbs_node(container: Container, capsys: pytest.CaptureFixture
     assert "✗ /dev/infiniband/uverbs*: none in this container" in out
 
 
+def test_named_hca_without_its_device_node(
+    container: Container, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = container.node.uverbs_name("mlx5_1")
+    container.node.remove_dev_node(name)
+    assert container.run() == 1
+    out = capsys.readouterr().out
+    assert "✓ HCA mlx5_0" in out
+    assert (f"✗ HCA mlx5_1: port 1 ACTIVE/LinkUp, but its device node /dev/infiniband/{name} "
+            "is not in this container") in out
+
+
 def test_missing_rdma_cm(container: Container, capsys: pytest.CaptureFixture[str]) -> None:
     container.node.remove_dev_node("rdma_cm")
     assert container.run() == 1

@@ -21,6 +21,8 @@ from typing import TextIO
 
 from rdma_hca.doctor.render import checks_text, summary
 from rdma_hca.doctor.result import Check
+from rdma_hca.model import Hca
+from rdma_hca.sysfs import discover_node
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 SUBJECT = "container"
@@ -74,7 +76,7 @@ def run_checks(
 ) -> list[Check]:
     """Every check, in the order a user should fix them."""
     checks = device_node_checks(dev_root)
-    checks.extend(hca_checks(sysfs_root, env))
+    checks.extend(hca_checks(sysfs_root, dev_root, env))
     checks.append(memlock_check(proc_root))
     checks.append(ipc_lock_check(proc_root))
     checks.append(shm_check(proc_root, dev_root))
@@ -133,27 +135,8 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _port_states(sysfs_root: Path, hca: str) -> dict[str, tuple[str, str]] | None:
-    """``{port: (state, phys_state)}`` as sysfs words, or None when the HCA is not visible."""
-    hca_dir = sysfs_root / "class" / "infiniband" / hca
-    ports_dir = hca_dir / "ports"
-    if not hca_dir.exists():
-        return None
-    states: dict[str, tuple[str, str]] = {}
-    try:
-        numbers = sorted((p.name for p in ports_dir.iterdir()), key=lambda n: (len(n), n))
-    except OSError:
-        return states
-    for number in numbers:
-        # Files read "4: ACTIVE" and "5: LinkUp"; the word after the colon is what matters.
-        state = (_read(ports_dir / number / "state") or "").partition(":")[2].strip()
-        phys = (_read(ports_dir / number / "phys_state") or "").partition(":")[2].strip()
-        states[number] = (state or "unknown", phys or "unknown")
-    return states
-
-
-def hca_checks(sysfs_root: Path, env: Mapping[str, str]) -> list[Check]:
-    """Every HCA the plugin named must be visible here and have a port up."""
+def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str]) -> list[Check]:
+    """Every HCA the plugin named must be visible here, have a port up and its device node."""
     raw = env.get(ENV_DEVICES)
     if raw is None:
         return [Check(SUBJECT, ENV_DEVICES, False,
@@ -164,20 +147,27 @@ def hca_checks(sysfs_root: Path, env: Mapping[str, str]) -> list[Check]:
                       "empty: the plugin had no usable HCA to give when this pod started",
                       "check the node: kubectl -n kube-system exec <plugin pod> -- "
                       "rdma-hca doctor --node, then recreate this pod")]
-    return [_hca_check(sysfs_root, name) for name in names]
+    # The daemon's own discovery, so "visible" means what the plugin would also see.
+    found = {h.name: h for h in discover_node(sysfs_root, dev_root).hcas}
+    return [_hca_check(found.get(name), name, sysfs_root) for name in names]
 
 
-def _hca_check(sysfs_root: Path, name: str) -> Check:
+def _hca_check(hca: Hca | None, name: str, sysfs_root: Path) -> Check:
     title = f"HCA {name}"
-    ports = _port_states(sysfs_root, name)
-    if ports is None:
+    if hca is None:
         return Check(SUBJECT, title, False,
                      f"not visible in {sysfs_root}/class/infiniband",
                      "the kernel's RDMA netns mode is exclusive or the pod is not on the host "
                      "network: use hostNetwork: true, or check the node with rdma-hca doctor "
                      "--node")
-    shown = ", ".join(f"port {n} {s}/{p}" for n, (s, p) in ports.items()) or "no ports"
-    if any(s == "ACTIVE" and p == "LinkUp" for s, p in ports.values()):
+    shown = ", ".join(f"port {p.number} {p.state}/{p.phys_state}" for p in hca.ports)
+    shown = shown or "no ports"
+    missing = [n.path for n in hca.device_nodes() if not n.present]
+    if missing:
+        return Check(SUBJECT, title, False,
+                     f"{shown}, but its device node {', '.join(missing)} is not in this "
+                     "container", ASK_FOR_RESOURCE)
+    if hca.any_port_up:
         return Check(SUBJECT, title, True, shown)
     return Check(SUBJECT, title, False, f"no port up ({shown})",
                  "check the cable and the switch port of this HCA (rdma-hca doctor --node "
