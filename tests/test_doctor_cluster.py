@@ -116,7 +116,10 @@ def test_labelled_node_without_pod_is_told_to_match_the_selector(
     assert "rdma.hca/enabled=true   17h" in out  # the NODE SELECTOR column
     # A node with no label, pod or resource is not an RDMA node: nothing to report.
     assert "node cpu-node" not in out
-    assert "1 of 6 checks failed" in out
+    # The DaemonSet's own line names the node it does not cover.
+    assert ("✗ DaemonSet kube-system/ack-rdma-dp-ds: 2 of 2 pods ready; nodes without a ready "
+            "pod: e01-cn-c") in out
+    assert "2 of 6 checks failed" in out
 
 
 def test_labelled_node_matching_the_selector_points_at_taints(
@@ -145,7 +148,8 @@ def test_daemonset_not_ready(
     assert doctor(["--kubeconfig", str(kubeconfig)], tmp_path) == 1
     out = capsys.readouterr().out
     assert "ack-rdma-dp-ds   2         2         1       2            1" in out
-    assert "✗ DaemonSet kube-system/ack-rdma-dp-ds: 1 of 2 pods ready, 1 available" in out
+    assert ("✗ DaemonSet kube-system/ack-rdma-dp-ds: 1 of 2 pods ready, 1 available; nodes "
+            "without a ready pod: e01-cn-b") in out
     assert "kubectl -n kube-system logs ds/ack-rdma-dp-ds" in out
     assert "ack-rdma-dp-ds-9fzlm not ready (CrashLoopBackOff)" in out
     assert "kubectl -n kube-system logs ack-rdma-dp-ds-9fzlm" in out

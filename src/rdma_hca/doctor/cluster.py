@@ -268,7 +268,6 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
     ds_ref = f"ds/{data.name}"
     kns = f"kubectl -n {data.namespace}"
     row = daemonset_row(data.daemonset, now) if data.daemonset is not None else None
-    checks.append(_daemonset_check(data, row, kns, ds_ref))
     if not data.nodes:
         checks.append(Check(
             "cluster", "nodes", False, "the API server lists 0 nodes",
@@ -290,13 +289,18 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
         )
         rows.append(node_row)
         checks.extend(node_checks)
+    # Nodes that should run a plugin pod (they have one, or an RDMA label or count) but have
+    # no ready one: named on the DaemonSet's line so the first failure says where to look.
+    lacking = [n.name for n in rows if n.ok is False and n.pod_ready is not True]
+    checks.insert(0, _daemonset_check(data, row, kns, ds_ref, lacking))
     return ClusterReport(data.namespace, data.name, resource, row, tuple(rows), tuple(checks))
 
 
 def _daemonset_check(
-    data: ClusterData, row: DaemonSetRow | None, kns: str, ds_ref: str
+    data: ClusterData, row: DaemonSetRow | None, kns: str, ds_ref: str, lacking: list[str]
 ) -> Check:
     title = f"DaemonSet {data.namespace}/{data.name}"
+    without = f"; nodes without a ready pod: {', '.join(lacking)}" if lacking else ""
     if row is None:
         return Check(
             "cluster", title, False, "not found (HTTP 404)",
@@ -313,8 +317,14 @@ def _daemonset_check(
     if row.ready < row.desired or row.available < row.desired:
         return Check(
             "cluster", title, False,
-            f"{row.ready} of {row.desired} pods ready, {row.available} available",
+            f"{row.ready} of {row.desired} pods ready, {row.available} available{without}",
             f"{kns} describe {ds_ref} and {kns} logs {ds_ref}",
+        )
+    if lacking:
+        return Check(
+            "cluster", title, False,
+            f"{row.ready} of {row.desired} pods ready{without}",
+            "the DaemonSet does not cover these nodes: see their checks below",
         )
     return Check("cluster", title, True, f"{row.ready} of {row.desired} pods ready")
 
