@@ -34,6 +34,7 @@ __all__ = [
     "read_netns_mode",
     "read_port_counters",
     "read_port_states",
+    "unusable_warning",
 ]
 
 log = logging.getLogger("rdma_hca.sysfs")
@@ -75,6 +76,12 @@ def natural_key(name: str) -> tuple[str | int, ...]:
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
+def unusable_warning(hca: str, problem: str) -> str:
+    """The warning discovery gives for an entry of ``Hca.problems`` (reports skip these
+    because they list the problems already)."""
+    return f"{hca} cannot be offered: {problem}"
+
+
 def _read(path: str) -> bytes:
     """One attribute's raw bytes; raises OSError like the kernel does (EINVAL, ENOENT...)."""
     fd = os.open(path, os.O_RDONLY)
@@ -99,7 +106,7 @@ def _why(err: OSError) -> str:
 
 def _shown(raw: bytes) -> str:
     """Bad content quoted safely for a log line: bytes repr, cut short."""
-    return repr(raw[:40]) + ("..." if len(raw) > 40 else "")
+    return repr(raw[:24]) + ("..." if len(raw) > 24 else "")
 
 
 def _is_number(name: str) -> bool:
@@ -379,7 +386,7 @@ class _Discovery:
                     "(mount the host's /dev/infiniband there)"
                 )
         for problem in problems:
-            self.warn(f"{name} cannot be offered: {problem}")
+            self.warn(unusable_warning(name, problem))
         return Hca(
             name=name,
             driver=parent.driver,
