@@ -342,6 +342,35 @@ async def test_reregistration_replaces_the_old_stream(
     assert old.calls.count("ListAndWatch") == 1
 
 
+async def test_strict_mode_old_stream_end_disconnects_the_new_registration(
+    tmp_path: Path, servers: list[grpc.aio.Server]
+) -> None:
+    async with KubeletEmulator(tmp_path, old_stream_disconnects_new=True) as kubelet:
+        old = await plugin_on(kubelet, servers, "old.sock")
+        await old.lists.put([dev("a")])
+        await kubelet.wait_for(lambda: kubelet.capacity(RESOURCE) == 1)
+        new = await plugin_on(kubelet, servers, "new.sock")
+        await new.lists.put([dev("x"), dev("y")])
+        await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 2)
+
+        # A plugin that forgets to close its old server before registering again loses the
+        # new registration as soon as the old server goes.
+        await servers[0].stop(None)
+        await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 0)
+        await new.stream_closed.wait()
+        assert kubelet.capacity(RESOURCE) == 2
+        assert any("disconnected the current registration" in e for e in kubelet.events())
+        with pytest.raises(AdmissionError, match="has been stopped"):
+            await kubelet.allocate(RESOURCE, [["x"]])
+
+        # Closing the old server first, then registering, keeps the resource.
+        await servers[1].stop(None)
+        final = await plugin_on(kubelet, servers, "final.sock")
+        await final.lists.put([dev("x")])
+        await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 1)
+        assert kubelet.registrations(RESOURCE) == 3
+
+
 async def test_node_status_uses_quantity_formatting(
     kubelet: KubeletEmulator, servers: list[grpc.aio.Server]
 ) -> None:

@@ -224,13 +224,28 @@ class KubeletEmulator:
 
     State (capacity, allocatable, device lists, events) is readable at any time; ``wait_for``
     lets a test block until it reaches some shape without polling.
+
+    By default a new registration of a resource cancels the old stream. With
+    ``old_stream_disconnects_new=True`` the emulator instead behaves like kubelet 1.26 and later,
+    which leave the old stream running and, when it ends, disconnect whatever registration is
+    current for the resource: the reason a plugin must close its old server before registering
+    again, and the way to test that it does.
     """
 
-    def __init__(self, plugin_dir: str | os.PathLike[str], *, dial_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        plugin_dir: str | os.PathLike[str],
+        *,
+        dial_timeout: float = 10.0,
+        old_stream_disconnects_new: bool = False,
+    ) -> None:
         if dial_timeout <= 0:
             raise ValueError(f"dial_timeout must be positive seconds, got {dial_timeout!r}")
         self._dir = Path(plugin_dir).absolute()
         self._dial_timeout = dial_timeout
+        self._strict_disconnect = old_stream_disconnects_new
+        # Superseded registrations still streaming (only with old_stream_disconnects_new).
+        self._superseded: set[_Endpoint] = set()
         self._server: grpc.aio.Server | None = None
         self._resources: dict[str, _Resource] = {}
         self._pods: list[_PodDevices] = []
@@ -300,6 +315,9 @@ class KubeletEmulator:
             resource.usable = False
             if endpoint is not None:
                 await self._close_endpoint(endpoint)
+        for endpoint in list(self._superseded):
+            await self._close_endpoint(endpoint)
+        self._superseded.clear()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -443,7 +461,9 @@ class KubeletEmulator:
         state = self._state(endpoint.resource)
         old, state.endpoint = state.endpoint, endpoint
         state.registrations += 1
-        if old is not None:
+        if old is not None and self._strict_disconnect and not (old.ended or old.closing):
+            self._superseded.add(old)
+        elif old is not None:
             await self._close_endpoint(old)
         # The kubelet starts reading ListAndWatch only after Register has returned.
         # grpc-stubs types the callback as a class; any callable taking the context works.
@@ -545,6 +565,9 @@ class KubeletEmulator:
             call.cancel()
         if endpoint.closing:
             return
+        if endpoint in self._superseded:
+            await self._superseded_stream_ended(endpoint, reason)
+            return
         await self._stream_ended(endpoint, reason)
 
     async def _apply_list(
@@ -589,6 +612,29 @@ class KubeletEmulator:
         await self._note(
             f"ListAndWatch stream for {endpoint.resource} ended ({reason}); all {kept} devices "
             "marked unhealthy until the plugin registers again"
+        )
+
+    async def _superseded_stream_ended(self, old: _Endpoint, reason: str) -> None:
+        """Kubelet >= 1.26: an old stream ending disconnects the resource's current client."""
+        self._superseded.discard(old)
+        old.ended = True
+        await old.channel.close(None)
+        state = self._resources.get(old.resource)
+        current = state.endpoint if state is not None else None
+        if state is None or current is None or current.ended or current.closing:
+            await self._note(f"superseded ListAndWatch stream for {old.resource} ended ({reason})")
+            return
+        current.ended = True
+        current.closing = True  # its own stream end is this same disconnect, not a new one
+        state.usable = False
+        reader = current.reader
+        if reader is not None:
+            reader.cancel()
+        await current.channel.close(None)
+        await self._note(
+            f"superseded ListAndWatch stream for {old.resource} at {old.target} ended "
+            f"({reason}) and disconnected the current registration at {current.target}; all "
+            f"{len(state.devices)} devices marked unhealthy until the plugin registers again"
         )
 
     # -- calls into the plugin ---------------------------------------------------------
