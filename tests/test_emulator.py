@@ -453,7 +453,7 @@ async def test_checkpoint_is_restored_by_a_new_kubelet(
         assert fresh.allocated(RESOURCE) == {"a", "b"}
         assert fresh.capacity(RESOURCE) == 3
         assert fresh.allocatable(RESOURCE) == 0
-        assert fresh.release_pod("pod-1") == ["a", "b"]
+        assert await fresh.release_pod("pod-1") == ["a", "b"]
         assert fresh.allocated(RESOURCE) == set()
 
 

@@ -784,12 +784,12 @@ class KubeletEmulator:
             await self.pre_start_container(resource, chosen)
         return response.container_responses[0]
 
-    def release_pod(self, pod_uid: str) -> list[str]:
+    async def release_pod(self, pod_uid: str) -> list[str]:
         """Forget a pod's devices, as the kubelet does once the pod is gone; returns the IDs."""
         freed = [i for pod in self._pods if pod.pod_uid == pod_uid for i in pod.ids]
         self._pods = [pod for pod in self._pods if pod.pod_uid != pod_uid]
         self._write_checkpoint()
-        self._record(f"released pod {pod_uid}: {','.join(freed) or 'no devices'}")
+        await self._note(f"released pod {pod_uid}: {','.join(freed) or 'no devices'}")
         return freed
 
     def _free_healthy(self, resource: str) -> list[str]:
