@@ -282,11 +282,13 @@ def test_json_output(
     assert doc["ok"] is False
     assert doc["daemonSet"]["desired"] == 2
     assert doc["daemonSet"]["age"] == "17h"
+    assert doc["daemonSet"]["upToDate"] == 2
+    assert doc["daemonSet"]["nodeSelector"] == "<none>"
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert nodes["e01-cn-a"]["ok"] is True
     assert nodes["e01-cn-b"] == {
-        "name": "e01-cn-b", "pod": "ack-rdma-dp-ds-9fzlm", "pod_ready": True,
-        "capacity": "1k", "allocatable": "999", "rdma_labelled": False, "ok": False,
+        "name": "e01-cn-b", "pod": "ack-rdma-dp-ds-9fzlm", "podReady": True,
+        "capacity": "1k", "allocatable": "999", "rdmaLabelled": False, "ok": False,
     }
     failed = [c for c in doc["checks"] if not c["ok"]]
     assert [c["subject"] for c in failed] == ["e01-cn-b"]

@@ -11,7 +11,6 @@ Exit status: 0 when every check passes, 1 when one fails, 2 on bad flags.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from rdma_hca.doctor.render import checks_text, summary
+from rdma_hca.doctor.render import checks_json, checks_text, summary
 from rdma_hca.doctor.result import Check
 from rdma_hca.model import Hca
 from rdma_hca.sysfs import discover_node
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     )
     ok = all(c.ok for c in checks)
     if args.json:
-        doc = {"ok": ok, "checks": [dataclasses.asdict(c) for c in checks]}
+        doc = {"ok": ok, "checks": checks_json(checks)}
         stream.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     else:
         stream.write(checks_text(checks) + "\n\n" + summary(checks) + "\n")

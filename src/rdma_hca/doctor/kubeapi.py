@@ -71,7 +71,6 @@ class Credentials:
     client_key_pem: bytes | None = None
     username: str | None = None
     password: str | None = None
-    tls_server_name: str | None = None
 
 
 def load_credentials(
@@ -235,7 +234,6 @@ def _credentials(
         client_key_pem=key,
         username=user.get("username"),
         password=user.get("password"),
-        tls_server_name=cluster.get("tls-server-name"),
     )
 
 

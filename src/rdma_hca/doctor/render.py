@@ -74,18 +74,27 @@ def cluster_text(report: ClusterReport) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def camel(record: Any) -> dict[str, Any]:
+    """A dataclass as a JSON object with camelCase keys, the convention of Kubernetes JSON."""
+    def key(name: str) -> str:
+        head, *rest = name.split("_")
+        return head + "".join(part.title() for part in rest)
+
+    return {key(k): v for k, v in dataclasses.asdict(record).items()}
+
+
 def checks_json(checks: Sequence[Check]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(c) for c in checks]
+    return [camel(c) for c in checks]
 
 
 def cluster_json(report: ClusterReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "namespace": report.namespace,
-        "daemonSet": dataclasses.asdict(report.daemonset) if report.daemonset else None,
+        "daemonSet": camel(report.daemonset) if report.daemonset else None,
         "daemonSetName": report.name,
         "resource": report.resource,
-        "nodes": [dataclasses.asdict(n) for n in report.nodes],
+        "nodes": [camel(n) for n in report.nodes],
         "checks": checks_json(report.checks),
         "error": None,
     }
