@@ -152,6 +152,37 @@ def _classify(addr: ipaddress.IPv6Address, link_layer: LinkLayer) -> tuple[GidKi
     return kind, ip
 
 
+def _nonzero_entries(dir_fd: int, entries: list[str]) -> list[tuple[int, str, bytes]] | None:
+    """The hot loop of discovery: (index, name, content) of the GID entries in use.
+
+    A real table has 255 or 256 entries and nearly all are zero, so each one costs an
+    open, a read and a close with nothing else in the loop (functions bound to locals,
+    no per-entry try). Returns None, having closed what it opened, if any name is not
+    a plain number or any entry cannot be read; the caller then takes the careful path.
+    """
+    joined = "".join(entries)
+    if not (joined.isascii() and joined.isdecimal()):
+        return None
+    opener, reader, closer = os.open, os.read, os.close
+    flags = os.O_RDONLY
+    zero_line, zero = _ZERO_GID_LINE, _ZERO_GID
+    used: list[tuple[int, str, bytes]] = []
+    fd = -1
+    try:
+        for entry in entries:
+            fd = opener(entry, flags, dir_fd=dir_fd)
+            raw = reader(fd, 128)
+            closer(fd)
+            fd = -1
+            if raw != zero_line and raw != zero:
+                used.append((int(entry), entry, raw))
+    except OSError:
+        if fd >= 0:
+            closer(fd)
+        return None
+    return used
+
+
 @dataclass
 class _Parent:
     """What the HCA's parent device says: PCI identity, NUMA node, driver, netdevs."""
@@ -539,21 +570,31 @@ class _Discovery:
         except OSError as err:
             self.warn(f"cannot list {gid_dir} ({_why(err)}); the port shows no GIDs")
             return [], []
-        joined = "".join(entries)
-        if joined.isascii() and joined.isdecimal():  # all plain numbers: the usual case
-            indexed = sorted([(int(entry), entry) for entry in entries])
-        else:
-            indexed = self.numbered(gid_dir, entries, "a GID index")
+        used = _nonzero_entries(dir_fd, entries)
+        if used is None:
+            # Odd names or an unreadable entry: redo the table slowly, saying what is wrong.
+            used = self.nonzero_entries_carefully(dir_fd, gid_dir, entries)
+        used.sort()
         types_dir = os.path.join(port_dir, "gid_attrs", "types")
         have_types = os.path.isdir(types_dir)
         gids: list[Gid] = []
         netdevs: list[str] = []
-        read_only = os.O_RDONLY
-        for index, entry in indexed:
-            # The hot loop: a real table is mostly zero entries, so they cost one
-            # open/read/close and a bytes compare, nothing more.
+        for index, entry, raw in used:
+            path = os.path.join(gid_dir, entry)
+            gid = self.gid(index, path, raw, port_dir, entry, link_layer, have_types)
+            if gid is not None:
+                gids.append(gid)
+                if gid.netdev is not None:
+                    netdevs.append(gid.netdev)
+        return gids, netdevs
+
+    def nonzero_entries_carefully(
+        self, dir_fd: int, gid_dir: str, entries: list[str]
+    ) -> list[tuple[int, str, bytes]]:
+        used: list[tuple[int, str, bytes]] = []
+        for index, entry in self.numbered(gid_dir, entries, "a GID index"):
             try:
-                fd = os.open(entry, read_only, dir_fd=dir_fd)
+                fd = os.open(entry, os.O_RDONLY, dir_fd=dir_fd)
                 try:
                     raw = os.read(fd, 128)
                 finally:
@@ -562,15 +603,9 @@ class _Discovery:
                 path = os.path.join(gid_dir, entry)
                 self.warn(f"cannot read {path} ({_why(err)}); skipping that GID")
                 continue
-            if raw in (_ZERO_GID_LINE, _ZERO_GID):
-                continue
-            path = os.path.join(gid_dir, entry)
-            gid = self.gid(index, path, raw, port_dir, entry, link_layer, have_types)
-            if gid is not None:
-                gids.append(gid)
-                if gid.netdev is not None:
-                    netdevs.append(gid.netdev)
-        return gids, netdevs
+            if raw not in (_ZERO_GID_LINE, _ZERO_GID):
+                used.append((index, entry, raw))
+        return used
 
     def gid(
         self,
