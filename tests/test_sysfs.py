@@ -533,3 +533,16 @@ def test_random_bytes_never_raise(fuzz_node: sim.SimNode, writes: list[tuple[str
     states = read_port_states(fuzz_node.sysfs_root, ["mlx5_0", "mlx5_1"])
     assert ("mlx5_1", 1) in states
     assert read_netns_mode(fuzz_node.sysfs_root) in (None, "shared", "exclusive")
+
+
+def test_odd_gid_table_entries_are_named_and_skipped(tmp_path: Path) -> None:
+    node = _small(tmp_path)
+    gids = node.port_dir("mlx5_0") / "gids"
+    (gids / "7").unlink()
+    (gids / "7").mkdir()  # unreadable entry
+    (gids / "extra").write_text("0000:0000:0000:0000:0000:ffff:0a00:0063\n")
+    inv = _inventory(node)
+    assert len(inv.warnings) == 2
+    assert any(str(gids / "7") in w for w in inv.warnings)
+    assert any(str(gids / "extra") in w for w in inv.warnings)
+    assert [g.index for g in _by_name(inv)["mlx5_0"].ports[0].gids] == [0, 1, 2, 3]
