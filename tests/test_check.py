@@ -71,7 +71,7 @@ class Container:
 @pytest.fixture
 def container(tmp_path: Path) -> Container:
     """A well set-up workload on a GPU node: every check passes."""
-    node = gpu_node(tmp_path / "node", hcas=2, bond=False)
+    node = gpu_node(tmp_path / "node", hcas=2, bond=False, gid_table_size=8)
     proc = tmp_path / "proc"
     (proc / "self").mkdir(parents=True)
     c = Container(node, proc, {"RDMA_HCA_DEVICES": "mlx5_0,mlx5_1"})

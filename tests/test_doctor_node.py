@@ -75,7 +75,7 @@ def host(tmp_path: Path, readyz: _Readyz) -> Iterator[Host]:
     """A healthy GPU node: kubelet and plugin sockets listening, the plugin registered."""
     # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
     with tempfile.TemporaryDirectory(prefix="dp") as short:
-        h = Host(gpu_node(tmp_path / "n", hcas=2, bond=False), Path(short),
+        h = Host(gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=8), Path(short),
                  f"http://127.0.0.1:{readyz.server_address[1]}/readyz")
         h.listen("kubelet.sock")
         h.listen("rdma-hca-rdma-hca.sock")
@@ -157,7 +157,7 @@ def test_non_host_network_on_an_ipv4_network_fails(
 def test_non_host_network_on_ipv6_passes(
     host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True)
+    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True, gid_table_size=8)
     assert host.doctor("--non-host-network") == 0
     assert "✓ IPv6 for non-hostNetwork pods: every RoCE HCA" in capsys.readouterr().out
 
@@ -194,7 +194,7 @@ def test_bad_config_file_is_a_usage_error(
 def test_exclusive_netns_with_non_host_network(
     host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True)
+    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True, gid_table_size=8)
     host.node.set_netns_mode("exclusive")
     assert host.doctor("--non-host-network") == 1
     out = capsys.readouterr().out
