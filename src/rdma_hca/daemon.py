@@ -1,0 +1,115 @@
+"""Wiring of the node daemon: discovery → pools → kubelet lifecycle → HTTP endpoints.
+
+``Daemon.run`` is what ``rdma-hca serve`` runs; the demo, the tests and the
+benchmarks run the same object on simulated trees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from .config import Settings
+from .health import HealthWatcher
+from .kubelet import KubeletLifecycle
+from .model import NodeInventory
+from .node_checks import NodeFindings, evaluate_node
+from .runtime import PoolRuntime
+
+log = logging.getLogger("rdma_hca.daemon")
+
+
+class AllocationStats:
+    """Allocate counts and latencies, kept for the metrics endpoint."""
+
+    def __init__(self) -> None:
+        self.total: dict[tuple[str, bool], int] = {}
+        self.latencies: list[tuple[str, float]] = []
+        self.observers: list[Callable[[str, float, bool], None]] = []
+
+    def observe(self, resource: str, seconds: float, ok: bool) -> None:
+        self.total[(resource, ok)] = self.total.get((resource, ok), 0) + 1
+        for obs in self.observers:
+            obs(resource, seconds, ok)
+
+
+class Daemon:
+    def __init__(self, settings: Settings, *, netlink: bool = True) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.runtimes = [
+            PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
+            for p in settings.pools
+        ]
+        self.allocations = AllocationStats()
+        self.lifecycle = KubeletLifecycle(
+            self.runtimes,
+            settings.kubelet_dir,
+            resend_seconds=settings.resend_seconds,
+            on_allocate=self.allocations.observe,
+        )
+        self.health = HealthWatcher(
+            self.runtimes,
+            settings.sysfs_root,
+            settings.dev_root,
+            poll_seconds=settings.health_poll_seconds,
+            netlink=netlink,
+            on_inventory=self._on_inventory,
+        )
+        self.findings = NodeFindings()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._http: object | None = None
+
+    @property
+    def inventory(self) -> NodeInventory | None:
+        return self.health.inventory
+
+    def ready(self) -> bool:
+        return self.lifecycle.ready()
+
+    async def _on_inventory(self, inventory: NodeInventory) -> None:
+        findings = evaluate_node(inventory, self.settings, self.runtimes)
+        if findings != self.findings:
+            findings.log_changes(self.findings)
+            self.findings = findings
+
+    async def start(self) -> None:
+        """Discover, then serve and register, then watch; returns once started."""
+        inventory = await self.health.refresh()
+        log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
+                 ", ".join(h.name for h in inventory.hcas) or "none")
+        if self.settings.metrics_address:
+            from .metrics import MetricsServer
+
+            server = MetricsServer(self, self.settings.metrics_address)
+            await server.start()
+            self._http = server
+        await self.lifecycle.start()
+        self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        await self.lifecycle.stop()
+        if self._http is not None:
+            from .metrics import MetricsServer
+
+            assert isinstance(self._http, MetricsServer)
+            await self._http.stop()
+            self._http = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            log.info("stopping: closing the servers and removing our sockets")
+            await self.stop()
+

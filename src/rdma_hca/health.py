@@ -1,0 +1,141 @@
+"""Keeping the pools' view of the node current: port state, HCAs and device nodes.
+
+A full discovery reads thousands of small files (GID tables), so it runs only when
+something changed. What runs every poll is a cheap fingerprint: the HCA names, each
+port's state and physical state, and the names of the verbs and /dev entries. A link
+event on one of the HCAs' netdevs (rtnetlink) wakes the poll at once, so a port
+that goes down is noticed in milliseconds where netlink is available and within one
+poll interval where it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+
+from .model import NodeInventory
+from .runtime import PoolRuntime
+from .sysfs import discover_node, read_port_states
+
+log = logging.getLogger("rdma_hca.health")
+
+Fingerprint = tuple[object, ...]
+
+
+def _names(path: str) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(os.listdir(path)))
+    except OSError:
+        return ()
+
+
+class HealthWatcher:
+    def __init__(
+        self,
+        runtimes: Sequence[PoolRuntime],
+        sysfs_root: str,
+        dev_root: str,
+        *,
+        poll_seconds: float = 1.0,
+        full_seconds: float = 300.0,
+        netlink: bool = True,
+        on_inventory: Callable[[NodeInventory], Awaitable[None]] | None = None,
+    ) -> None:
+        self.runtimes = list(runtimes)
+        self.sysfs_root = sysfs_root
+        self.dev_root = dev_root
+        self.poll_seconds = poll_seconds
+        self.full_seconds = full_seconds
+        self.netlink = netlink
+        self.on_inventory = on_inventory
+        self.inventory: NodeInventory | None = None
+        self.discoveries = 0
+        self.netlink_events = 0
+        self._poke = asyncio.Event()
+        self._fingerprint: Fingerprint = ()
+        self._warned: set[str] = set()
+
+    def poke(self) -> None:
+        """Re-read port state now instead of at the next poll."""
+        self._poke.set()
+
+    def fingerprint(self) -> Fingerprint:
+        names = _names(os.path.join(self.sysfs_root, "class", "infiniband"))
+        states = read_port_states(self.sysfs_root, names)
+        return (
+            names,
+            tuple(sorted(states.items())),
+            _names(os.path.join(self.sysfs_root, "class", "infiniband_verbs")),
+            _names(os.path.join(self.sysfs_root, "class", "infiniband_mad")),
+            _names(os.path.join(self.dev_root, "infiniband")),
+        )
+
+    async def refresh(self) -> NodeInventory:
+        """Discover the node and hand the result to every pool."""
+        fingerprint = self.fingerprint()
+        inventory = await asyncio.to_thread(discover_node, self.sysfs_root, self.dev_root)
+        self.discoveries += 1
+        self._fingerprint = fingerprint
+        self.inventory = inventory
+        for w in inventory.warnings:
+            if w not in self._warned:
+                self._warned.add(w)
+                log.warning("sysfs: %s", w)
+        for runtime in self.runtimes:
+            await runtime.update(inventory)
+        if self.on_inventory is not None:
+            await self.on_inventory(inventory)
+        return inventory
+
+    async def run(self) -> None:
+        if self.inventory is None:
+            await self.refresh()
+        netlink_task = (
+            asyncio.create_task(self._watch_links(), name="netlink") if self.netlink else None
+        )
+        loop = asyncio.get_running_loop()
+        last_full = loop.time()
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._poke.wait(), self.poll_seconds)
+                self._poke.clear()
+                due = loop.time() - last_full >= self.full_seconds
+                if due or self.fingerprint() != self._fingerprint:
+                    await self.refresh()
+                    last_full = loop.time()
+        finally:
+            if netlink_task is not None:
+                netlink_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await netlink_task
+
+    def _netdevs(self) -> set[str]:
+        if self.inventory is None:
+            return set()
+        return {n for h in self.inventory.hcas for n in h.netdevs}
+
+    async def _watch_links(self) -> None:
+        try:
+            from pyroute2 import AsyncIPRoute
+            from pyroute2.netlink.rtnl import RTMGRP_LINK
+        except ImportError as exc:  # pragma: no cover - pyroute2 is a dependency
+            log.info("rtnetlink unavailable (%s); port state is polled only", exc)
+            return
+        try:
+            async with AsyncIPRoute() as ipr:
+                await ipr.bind(groups=RTMGRP_LINK)
+                while True:
+                    async for msg in ipr.get():
+                        name = msg.get_attr("IFLA_IFNAME")
+                        if name in self._netdevs():
+                            self.netlink_events += 1
+                            log.debug("link event on %s", name)
+                            self.poke()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure here must not stop health polling
+            log.info("rtnetlink link events unavailable (%s); port state is polled only", exc)

@@ -1,0 +1,290 @@
+"""Staying registered with the kubelet: serve, register, and do both again when needed.
+
+The kubelet deletes every socket in its device-plugins directory when it starts,
+creates ``kubelet.sock`` anew and never re-opens a ListAndWatch stream that ended.
+So three things mean "serve and register again": ``kubelet.sock`` appearing, our
+socket disappearing, and a stream ending while we meant to serve. All of them only
+mark a pool dirty and wake one reconcile task, which restarts servers one at a
+time with backoff; nothing else ever touches a server, so triggers that arrive
+together cannot race each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from ._proto import api_pb2, api_pb2_grpc
+from .plugin import DevicePluginService
+from .runtime import PoolRuntime
+
+log = logging.getLogger("rdma_hca.kubelet")
+
+KUBELET_SOCKET = "kubelet.sock"
+API_VERSION = "v1beta1"
+REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s timeout
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+
+
+def socket_name(resource_name: str) -> str:
+    """Our socket's file name: one per resource, so pools restart independently."""
+    return "rdma-hca-" + re.sub(r"[^A-Za-z0-9]+", "-", resource_name).strip("-") + ".sock"
+
+
+async def register(kubelet_dir: str, endpoint: str, resource_name: str,
+                   options: api_pb2.DevicePluginOptions,
+                   timeout: float = REGISTER_TIMEOUT) -> None:
+    """Call ``Registration.Register`` on ``kubelet.sock``; raises ``grpc.aio.AioRpcError``."""
+    target = "unix://" + os.path.abspath(os.path.join(kubelet_dir, KUBELET_SOCKET))
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = api_pb2_grpc.RegistrationStub(channel)
+        await stub.Register(
+            api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint,
+                                    resource_name=resource_name, options=options),
+            timeout=timeout,
+        )
+
+
+class PoolServer:
+    """One pool's gRPC server on its own unix socket."""
+
+    def __init__(self, service: DevicePluginService, kubelet_dir: str) -> None:
+        self.service = service
+        self.path = os.path.join(kubelet_dir, socket_name(service.runtime.resource_name))
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        # A socket left by a process killed with -9 would make bind fail.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_insecure_port("unix://" + os.path.abspath(self.path))
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace: float = 0.2) -> None:
+        self.service.stopping = True
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class KubeletLifecycle:
+    """Owns every pool's server; keeps each one registered with the kubelet."""
+
+    def __init__(
+        self,
+        runtimes: list[PoolRuntime],
+        kubelet_dir: str,
+        *,
+        resend_seconds: float = 30.0,
+        backstop_seconds: float = 5.0,
+        on_allocate: Callable[[str, float, bool], None] | None = None,
+    ) -> None:
+        self.runtimes = {r.resource_name: r for r in runtimes}
+        self.kubelet_dir = kubelet_dir
+        self.resend_seconds = resend_seconds
+        self.backstop_seconds = backstop_seconds
+        self.on_allocate = on_allocate
+        self.servers: dict[str, PoolServer] = {}
+        self.registered: dict[str, bool] = dict.fromkeys(self.runtimes, False)
+        self.registrations: dict[str, int] = dict.fromkeys(self.runtimes, 0)
+        self.kubelet_restarts = 0
+        self._dirty: set[str] = set()  # pools to register again
+        self._restart: set[str] = set()  # pools whose server must be replaced first
+        self._wake = asyncio.Event()
+        self._hurry = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_error: dict[str, str] = {}
+
+    # --- triggers -------------------------------------------------------------------
+
+    def request(self, resource: str | None, reason: str, *, hurry: bool = False) -> None:
+        """Ask for a fresh server and a registration of one pool (or all, with None)."""
+        targets = list(self.runtimes) if resource is None else [resource]
+        for r in targets:
+            if r not in self._dirty:
+                log.info("%s: serve and register again: %s", r, reason)
+            self._dirty.add(r)
+            self._restart.add(r)
+            self.registered[r] = False
+        self._hurry = self._hurry or hurry
+        self._wake.set()
+
+    def ready(self) -> bool:
+        return all(self.registered.values())
+
+    # --- tasks ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.request(None, "start")
+        self._tasks = [
+            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+            asyncio.create_task(self._watch_dir(), name="watch-kubelet-dir"),
+            asyncio.create_task(self._backstop(), name="backstop"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        for server in list(self.servers.values()):
+            await server.stop()
+        self.servers.clear()
+        for r in self.registered:
+            self.registered[r] = False
+
+    async def _reconcile_loop(self) -> None:
+        delay = 0.0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._hurry:
+                delay, self._hurry = 0.0, False
+            failed: set[str] = set()
+            for resource in sorted(self._dirty):
+                self._dirty.discard(resource)
+                if not await self._serve_and_register(resource):
+                    failed.add(resource)
+            if not failed:
+                delay = 0.0
+                continue
+            self._dirty |= failed
+            delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+            # Retry after the delay, or at once when something new happens.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.set()
+
+    async def _serve_and_register(self, resource: str) -> bool:
+        current = self.servers.get(resource)
+        fresh = (resource in self._restart or current is None
+                 or not os.path.exists(current.path))
+        self._restart.discard(resource)
+        # When only Register failed last time (no kubelet yet), the server is fine and
+        # nobody has talked to it: keep it rather than churn the socket on every retry.
+        if fresh and not await self._serve(resource):
+            return False
+        server = self.servers[resource]
+        try:
+            await register(self.kubelet_dir, os.path.basename(server.path), resource,
+                           server.service.options())
+        except grpc.aio.AioRpcError as exc:
+            self._note_failure(
+                resource,
+                f"Register on {os.path.join(self.kubelet_dir, KUBELET_SOCKET)} failed: "
+                f"{exc.code().name}: {exc.details()}",
+            )
+            return False
+        self.registered[resource] = True
+        self.registrations[resource] += 1
+        self._last_error.pop(resource, None)
+        log.info("%s: registered with the kubelet (endpoint %s)", resource,
+                 os.path.basename(server.path))
+        return True
+
+    async def _serve(self, resource: str) -> bool:
+        runtime = self.runtimes[resource]
+        old = self.servers.pop(resource, None)
+        if old is not None:
+            # Close the old server first: an old stream ending after the new
+            # registration could otherwise disconnect the new one.
+            await old.stop()
+        observe = self.on_allocate
+
+        def on_allocate(seconds: float, ok: bool) -> None:
+            if observe is not None:
+                observe(resource, seconds, ok)
+
+        service = DevicePluginService(
+            runtime,
+            resend_seconds=self.resend_seconds,
+            on_stream_end=lambda: self.request(resource, "the kubelet's stream ended"),
+            on_allocate=on_allocate,
+        )
+        server = PoolServer(service, self.kubelet_dir)
+        try:
+            await server.start()
+        except (OSError, RuntimeError) as exc:
+            self._note_failure(resource, f"cannot serve on {server.path}: {exc}")
+            return False
+        self.servers[resource] = server
+        return True
+
+    def _note_failure(self, resource: str, message: str) -> None:
+        # Logged once per distinct reason, not on every retry.
+        if self._last_error.get(resource) != message:
+            log.warning("%s: %s; retrying", resource, message)
+            self._last_error[resource] = message
+
+    async def _watch_dir(self) -> None:
+        from asyncinotify import Inotify, Mask
+
+        mask = (Mask.CREATE | Mask.DELETE | Mask.MOVED_TO | Mask.MOVED_FROM
+                | Mask.DELETE_SELF | Mask.MOVE_SELF)
+        ours = {socket_name(r): r for r in self.runtimes}
+        while True:
+            if not os.path.isdir(self.kubelet_dir):
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                with Inotify() as inotify:
+                    inotify.add_watch(self.kubelet_dir, mask)
+                    async for event in inotify:
+                        name = event.name.name if event.name is not None else None
+                        if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
+                            self.request(None, f"{self.kubelet_dir} was removed")
+                            break
+                        created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
+                        if name == KUBELET_SOCKET and created:
+                            self.kubelet_restarts += 1
+                            self.request(None, "kubelet.sock was created (kubelet started)",
+                                         hurry=True)
+                        elif name in ours and not created:
+                            resource = ours[name]
+                            server = self.servers.get(resource)
+                            # Our own restarts delete and re-create the file, and a pool
+                            # that is not registered is being retried anyway: only a
+                            # registered pool whose socket is gone now needs a restart.
+                            if (self.registered[resource] and server is not None
+                                    and not os.path.exists(server.path)):
+                                self.request(resource, f"our socket {name} was removed")
+            except OSError as exc:
+                log.warning("cannot watch %s (%s); polling it instead", self.kubelet_dir, exc)
+                await asyncio.sleep(self.backstop_seconds)
+
+    async def _backstop(self) -> None:
+        """A slow poll in case an inotify event was lost (or inotify is unavailable)."""
+        while True:
+            await asyncio.sleep(self.backstop_seconds)
+            for resource, server in list(self.servers.items()):
+                if self.registered[resource] and not Path(server.path).exists():
+                    self.request(resource, f"our socket {server.path} is gone")
+            for resource, registered in self.registered.items():
+                if not registered and resource not in self._dirty:
+                    self.request(resource, "not registered yet")
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or ``timeout``; for callers without an event to await."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(step)
+    return True

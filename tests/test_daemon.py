@@ -1,0 +1,313 @@
+"""The daemon end to end: simulated node → discovery → pool → gRPC → kubelet emulator.
+
+Everything runs over real unix sockets with the real daemon code; the node is a
+simulated sysfs/dev tree that the tests change as hardware and drivers would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rdma_hca._proto import api_pb2, api_pb2_grpc
+from rdma_hca.config import Mode, PoolConfig, Settings, UnhealthyWhen
+from rdma_hca.daemon import Daemon
+from rdma_hca.kubelet import socket_name, wait_until
+from rdma_hca.pool import shared_ids
+from rdma_hca.sim.kubelet import AdmissionError, KubeletEmulator
+from rdma_hca.sim.nodes import SimNode, gpu_node
+
+R = "rdma/hca"
+
+
+def make_settings(node: SimNode, plugin_dir: Path, **kw: object) -> Settings:
+    base = Settings(
+        sysfs_root=str(node.sysfs_root),
+        dev_root=str(node.dev_root),
+        kubelet_dir=str(plugin_dir),
+        metrics_address="",
+        health_poll_seconds=0.05,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> SimNode:
+    return gpu_node(tmp_path / "node")
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "dp"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    k = KubeletEmulator(plugin_dir)
+    await k.start()
+    yield k
+    await k.stop()
+
+
+@pytest.fixture
+async def daemon(node: SimNode, plugin_dir: Path,
+                 kubelet: KubeletEmulator) -> AsyncIterator[Daemon]:
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    await d.start()
+    yield d
+    await d.stop()
+
+
+async def test_registers_and_node_shows_1k(daemon: Daemon, kubelet: KubeletEmulator) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    assert kubelet.capacity(R) == 1000
+    assert kubelet.node_status() == {"capacity": {R: "1k"}, "allocatable": {R: "1k"}}
+    assert [d.ID for d in kubelet.devices(R)] == shared_ids(1000)
+    opts = kubelet.options(R)
+    assert opts is not None and not opts.pre_start_required
+    assert not opts.get_preferred_allocation_available
+    assert daemon.ready()
+
+
+async def test_pod_gets_rdma_cm_and_every_uverbs(daemon: Daemon, kubelet: KubeletEmulator,
+                                                 node: SimNode) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    resp = await kubelet.admit_pod(R, 1)
+    paths = [d.container_path for d in resp.devices]
+    names = node.hca_names
+    assert paths[0] == "/dev/infiniband/rdma_cm"
+    assert sorted(paths[1:]) == sorted(f"/dev/infiniband/{node.uverbs_name(n)}" for n in names)
+    assert all(d.host_path == d.container_path and d.permissions == "rw" for d in resp.devices)
+    assert resp.envs["RDMA_HCA_DEVICES"].split(",") == names
+
+
+async def test_unknown_ids_fail_with_invalid_argument(daemon: Daemon,
+                                                      kubelet: KubeletEmulator) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    # The kubelet turns a failed Allocate into the pod's UnexpectedAdmissionError.
+    with pytest.raises(AdmissionError) as err:
+        await kubelet.allocate(R, [["hca-0001"], ["hca-5000", "nope"]])
+    assert "code = InvalidArgument" in str(err.value)
+    assert "unknown device IDs for rdma/hca: hca-5000, nope" in str(err.value)
+
+
+async def test_port_down_and_back(daemon: Daemon, kubelet: KubeletEmulator,
+                                  node: SimNode) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    node.set_port("mlx5_3", 1, up=False)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    assert kubelet.capacity(R) == 1000
+    node.set_port("mlx5_3", 1, up=True)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+
+
+async def test_unhealthy_when_all(node: SimNode, plugin_dir: Path,
+                                  kubelet: KubeletEmulator) -> None:
+    settings = make_settings(node, plugin_dir,
+                             pools=(PoolConfig(unhealthy_when=UnhealthyWhen.ALL),))
+    d = Daemon(settings, netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+        names = node.hca_names
+        for n in names[:-1]:
+            node.set_port(n, 1, up=False)
+        await d.health.refresh()
+        assert kubelet.allocatable(R) == 1000
+        node.set_port(names[-1], 1, up=False)
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    finally:
+        await d.stop()
+
+
+async def test_every_stream_sees_every_update(daemon: Daemon, kubelet: KubeletEmulator,
+                                              node: SimNode, plugin_dir: Path) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    path = "unix://" + str(plugin_dir / socket_name(R))
+    channels = [grpc.aio.insecure_channel(path) for _ in range(3)]
+    streams = [api_pb2_grpc.DevicePluginStub(c).ListAndWatch(api_pb2.Empty())
+               for c in channels]
+    try:
+        firsts = [await s.read() for s in streams]
+        assert all(len(f.devices) == 1000 for f in firsts)
+        node.set_port("mlx5_0", 1, up=False)
+        updates = [await asyncio.wait_for(s.read(), 10) for s in streams]
+        for u in updates:
+            assert {d.health for d in u.devices} == {"Unhealthy"}
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    finally:
+        for s in streams:
+            s.cancel()
+        for c in channels:
+            await c.close()
+
+
+async def test_kubelet_restart_registers_again(daemon: Daemon,
+                                               kubelet: KubeletEmulator) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    before = kubelet.registrations(R)
+    await kubelet.restart(delay=0.2)
+    await kubelet.wait_for(lambda b=before: kubelet.registrations(R) > b
+                           and kubelet.allocatable(R) == 1000, timeout=10)
+    assert daemon.lifecycle.kubelet_restarts >= 1
+
+
+async def test_kubelet_absent_at_start_is_waited_for(node: SimNode, plugin_dir: Path) -> None:
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    await d.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert not d.ready()
+        kubelet = KubeletEmulator(plugin_dir)
+        await kubelet.start()
+        try:
+            await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10)
+            assert await wait_until(d.ready, 5)
+        finally:
+            await kubelet.stop()
+    finally:
+        await d.stop()
+
+
+async def test_stream_end_means_register_again(daemon: Daemon, kubelet: KubeletEmulator,
+                                               plugin_dir: Path) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    # The kubelet dies without cleaning up; our stream ends; it comes back later.
+    await kubelet.stop()
+    await asyncio.sleep(0.2)
+    assert not daemon.ready()
+    before = daemon.lifecycle.registrations[R]
+    (plugin_dir / "kubelet.sock").unlink(missing_ok=True)
+    await kubelet.start()
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10)
+    assert daemon.lifecycle.registrations[R] > before
+
+
+async def test_stale_socket_is_replaced(node: SimNode, plugin_dir: Path,
+                                        kubelet: KubeletEmulator) -> None:
+    stale = plugin_dir / socket_name(R)
+    stale.write_text("left by a process killed with -9")
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+        assert stale.is_socket()
+    finally:
+        await d.stop()
+    assert not stale.exists()
+
+
+async def test_hca_removed_and_added_back(daemon: Daemon, kubelet: KubeletEmulator,
+                                          node: SimNode) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    spec = node.specs["mlx5_5"]
+    node.remove_hca("mlx5_5")
+    assert await wait_until(lambda: daemon.inventory is not None
+                            and "mlx5_5" not in [h.name for h in daemon.inventory.hcas], 5)
+    resp = await kubelet.admit_pod(R, 1)
+    assert "mlx5_5" not in resp.envs["RDMA_HCA_DEVICES"].split(",")
+    node.add_hca(spec)
+    assert await wait_until(lambda: daemon.inventory is not None
+                            and "mlx5_5" in [h.name for h in daemon.inventory.hcas], 5)
+    resp = await kubelet.admit_pod(R, 1)
+    assert "mlx5_5" in resp.envs["RDMA_HCA_DEVICES"].split(",")
+
+
+async def test_device_node_removed_and_restored(daemon: Daemon, kubelet: KubeletEmulator,
+                                                node: SimNode) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    uverbs = node.uverbs_name("mlx5_2")
+    node.remove_dev_node(uverbs)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    node.restore_dev_node(uverbs)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+
+
+async def test_concurrent_allocates(daemon: Daemon, kubelet: KubeletEmulator,
+                                    node: SimNode) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    results = await asyncio.gather(*(kubelet.allocate(R, [[f"hca-{i:04d}"]])
+                                     for i in range(32)))
+    expected = ",".join(node.hca_names)
+    assert len(results) == 32
+    assert all(r.container_responses[0].envs["RDMA_HCA_DEVICES"] == expected for r in results)
+
+
+async def test_exclusive_mode_on_gpu_node(node: SimNode, plugin_dir: Path,
+                                          kubelet: KubeletEmulator) -> None:
+    settings = make_settings(node, plugin_dir, pools=(PoolConfig(mode=Mode.EXCLUSIVE),))
+    d = Daemon(settings, netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == len(node.hca_names))
+        devices = {x.ID: x for x in kubelet.devices(R)}
+        assert devices[node.specs["mlx5_0"].pci_address or ""].topology.nodes[0].ID == 0
+        opts = kubelet.options(R)
+        assert opts is not None and opts.get_preferred_allocation_available
+        resp = await kubelet.admit_pod(R, 2)
+        assert len(resp.envs["RDMA_HCA_DEVICES"].split(",")) == 2
+        assert len(resp.devices) == 3
+    finally:
+        await d.stop()
+
+
+async def test_several_pools_register_and_restart_independently(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    from rdma_hca.config import Selectors
+
+    pools = (
+        PoolConfig(selectors=Selectors(names=("mlx5_[0-7]",))),
+        PoolConfig(resource_name="rdma/storage", mode=Mode.EXCLUSIVE,
+                   selectors=Selectors(names=("mlx5_bond_0",))),
+    )
+    d = Daemon(make_settings(node, plugin_dir, pools=pools), netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000
+                               and kubelet.allocatable("rdma/storage") == 1)
+        hca_regs = kubelet.registrations(R)
+        (plugin_dir / socket_name("rdma/storage")).unlink()
+        await kubelet.wait_for(lambda: kubelet.registrations("rdma/storage") == 2
+                               and kubelet.allocatable("rdma/storage") == 1)
+        assert kubelet.registrations(R) == hca_regs
+        resp = await kubelet.admit_pod("rdma/storage", 1)
+        assert resp.envs["RDMA_HCA_DEVICES"] == "mlx5_bond_0"
+        resp = await kubelet.admit_pod(R, 1)
+        assert "mlx5_bond_0" not in resp.envs["RDMA_HCA_DEVICES"]
+    finally:
+        await d.stop()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.slow
+async def test_fifty_kubelet_restarts_leak_nothing(daemon: Daemon,
+                                                   kubelet: KubeletEmulator) -> None:
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    # Warm-up: the first restarts create gRPC's lazily-started threads and pollers.
+    for _ in range(3):
+        before = kubelet.registrations(R)
+        await kubelet.restart()
+        await kubelet.wait_for(lambda b=before: kubelet.registrations(R) > b
+                               and kubelet.allocatable(R) == 1000, timeout=10)
+    fds, threads = _fds(), threading.active_count()
+    for _ in range(50):
+        before = kubelet.registrations(R)
+        await kubelet.restart()
+        await kubelet.wait_for(lambda b=before: kubelet.registrations(R) > b
+                               and kubelet.allocatable(R) == 1000, timeout=10)
+        assert all(d.health == "Healthy" for d in kubelet.devices(R))
+    await asyncio.sleep(0.2)
+    assert _fds() <= fds + 2, "file descriptors grew over 50 kubelet restarts"
+    assert threading.active_count() <= threads + 1, "threads grew over 50 kubelet restarts"
