@@ -76,3 +76,26 @@ def test_check_job_runs_our_check_on_the_host_network() -> None:
     app_version = yaml.safe_load(
         (REPO / "deploy/helm/ack-rdma-device-plugin/Chart.yaml").read_text())["appVersion"]
     assert c["image"] == f"{chart['image']['repository']}:{app_version}"
+
+
+def leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted value names, down to the objects users set key by key."""
+    free_form = {"selectors", "nodeSelector", "affinity", "tolerations", "resources"}
+    keys: set[str] = set()
+    for key, value in values.items():
+        name = prefix + key
+        if isinstance(value, dict) and value and key not in free_form:
+            keys |= leaf_keys(value, name + ".")
+        else:
+            keys.add(name)
+    return keys
+
+
+def test_install_doc_lists_every_chart_value() -> None:
+    values = yaml.safe_load(
+        (REPO / "deploy/helm/ack-rdma-device-plugin/values.yaml").read_text())
+    doc = (REPO / "docs" / "install.md").read_text()
+    names = leaf_keys(values)
+    assert "nonHostNetwork.enabled" in names and "cdi.specDir" in names
+    missing = sorted(name for name in names if f"| `{name}` |" not in doc)
+    assert missing == []

@@ -15,6 +15,8 @@ from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 # kind -> (API group, version, resource), for the kinds the tests submit.
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -44,7 +46,7 @@ def _program(expression: str) -> celpy.Runner:
 def _evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
     try:
         return _program(expression).evaluate(dict(activation))
-    except celpy.CELEvalError as err:
+    except CELEvalError as err:
         raise PolicyError(f"CEL error in {expression!r}: {err.args[0]}") from err
 
 
@@ -98,9 +100,9 @@ def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
     if not any(_rule_matches(rule, obj["kind"], operation) for rule in rules):
         return None
     activation: dict[str, Any] = {
-        "object": celpy.json_to_cel(dict(obj)),
+        "object": json_to_cel(dict(obj)),
         "oldObject": None,
-        "request": celpy.json_to_cel(_request(obj, operation)),
+        "request": json_to_cel(_request(obj, operation)),
     }
     for condition in spec.get("matchConditions", []):
         if not _bool(condition["expression"], activation):
