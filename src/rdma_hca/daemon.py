@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from .cdi import build_spec, write_spec
 from .config import Settings
 from .health import HealthWatcher
 from .kubelet import KubeletLifecycle
@@ -62,6 +63,7 @@ class Daemon:
         self.findings = NodeFindings()
         self._tasks: list[asyncio.Task[None]] = []
         self._http: object | None = None
+        self._cdi_error: str | None = None
 
     @property
     def inventory(self) -> NodeInventory | None:
@@ -71,10 +73,24 @@ class Daemon:
         return self.lifecycle.ready()
 
     async def _on_inventory(self, inventory: NodeInventory) -> None:
+        if self.settings.cdi.enabled:
+            self._write_cdi(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
             findings.log_changes(self.findings)
             self.findings = findings
+
+    def _write_cdi(self, inventory: NodeInventory) -> None:
+        hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
+        try:
+            write_spec(self.settings.cdi.spec_dir,
+                       build_spec(hcas.values(), inventory.rdma_cm))
+            self._cdi_error = None
+        except OSError as exc:
+            message = f"cannot write the CDI spec in {self.settings.cdi.spec_dir}: {exc}"
+            if message != self._cdi_error:
+                log.error("%s; pods allocated now will not get their devices", message)
+                self._cdi_error = message
 
     async def start(self) -> None:
         """Discover, then serve and register, then watch; returns once started."""
