@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -85,11 +86,31 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from .report import inventory_to_json, render_inventory
     from .sysfs import discover_node
 
+    # The report lists discovery's warnings itself; do not print them twice.
+    logging.getLogger("rdma_hca.sysfs").setLevel(logging.ERROR)
     inventory = discover_node(args.sysfs_root, args.dev_root)
     if args.json:
         print(json.dumps(inventory_to_json(inventory), indent=2))
     else:
         print(render_inventory(inventory))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .sim import nodes
+
+    builders = {"gpu": nodes.gpu_node, "gpu-ipv6": lambda r: nodes.gpu_node(r, ipv6=True),
+                "infiniband": nodes.infiniband_node, "erdma": nodes.erdma_node,
+                "soft-roce": nodes.soft_roce_node, "no-rdma": nodes.no_rdma_node}
+    root = Path(args.dir)
+    if root.exists() and any(root.iterdir()):
+        print(f"rdma-hca simulate: {root} is not empty; give a new or empty directory",
+              file=sys.stderr)
+        return EXIT_USAGE
+    node = builders[args.kind](root)
+    print(f"--sysfs-root {node.sysfs_root} --dev-root {node.dev_root}")
     return 0
 
 
@@ -123,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     disc.add_argument("--dev-root", default="/dev", metavar="DIR")
     disc.set_defaults(func=cmd_discover)
 
+    simulate = sub.add_parser("simulate", help="write a simulated node's sysfs and /dev trees "
+                                               "(to try discover, doctor --node, serve)")
+    simulate.add_argument("--kind", default="gpu",
+                          choices=["gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce",
+                                   "no-rdma"])
+    simulate.add_argument("dir", help="a new or empty directory")
+    simulate.set_defaults(func=cmd_simulate)
+
     demo = sub.add_parser("demo", help="run the plugin on a simulated GPU node with a kubelet "
                                        "emulator")
     demo.add_argument("--verbose", action="store_true", help="also show the daemon's log")
@@ -134,12 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     bench.set_defaults(func=cmd_bench)
 
-    for module in ("doctor", "check"):
-        try:
-            mod = __import__(f"rdma_hca.{module}", fromlist=["add_parser"])
-        except ImportError:
-            continue
-        mod.add_parser(sub)
+    from . import check, doctor
+
+    doctor.add_parser(sub)
+    check.add_parser(sub)
     return parser
 
 
