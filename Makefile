@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/rdma-hca demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff check src tests scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
