@@ -22,8 +22,10 @@ from typing import Any, TextIO
 from rdma_hca.config import ConfigError, load_settings
 from rdma_hca.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.doctor.result import Check
-from rdma_hca.model import GidKind, Hca, LinkLayer, NodeInventory
+from rdma_hca.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.sysfs import discover_node
+
+from ..node_checks import ipv6_missing
 
 SUBJECT = "node"
 READYZ_TIMEOUT = 3.0
@@ -188,25 +190,12 @@ def _netns_check(inv: NodeInventory, non_host_network: bool) -> Check:
     return Check(SUBJECT, title, True, mode)
 
 
-def global_ipv6_missing(hcas: Sequence[Hca]) -> list[str]:
-    """RoCE HCAs with no RoCE v2 GID holding a global IPv6 address; InfiniBand is exempt
-    because its GIDs do not depend on the pod's IP."""
-    missing = []
-    for hca in hcas:
-        roce = any(p.link_layer is LinkLayer.ETHERNET for p in hca.ports)
-        has_v6 = any(g.is_roce_v2 and g.kind is GidKind.GLOBAL_IPV6
-                     for p in hca.ports for g in p.gids)
-        if roce and not has_v6:
-            missing.append(hca.name)
-    return missing
-
-
 def _ipv6_check(hcas: Sequence[Hca], non_host_network: bool) -> Check:
     title = "IPv6 for non-hostNetwork pods"
     if not non_host_network:
         return Check(SUBJECT, title, True,
                      "not needed: nonHostNetwork is off, only hostNetwork pods use RDMA")
-    missing = global_ipv6_missing(hcas)
+    missing = ipv6_missing(hcas)
     if missing:
         return Check(SUBJECT, title, False,
                      "nonHostNetwork is on but these RoCE HCAs have no RoCE v2 GID with a "
