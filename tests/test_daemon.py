@@ -311,3 +311,24 @@ async def test_fifty_kubelet_restarts_leak_nothing(daemon: Daemon,
     await asyncio.sleep(0.2)
     assert _fds() <= fds + 2, "file descriptors grew over 50 kubelet restarts"
     assert threading.active_count() <= threads + 1, "threads grew over 50 kubelet restarts"
+
+
+async def test_old_stream_cannot_disconnect_the_new_registration(
+        node: SimNode, plugin_dir: Path) -> None:
+    # Newer kubelets keep the old stream after a re-registration, and its end then
+    # disconnects the new one; the daemon must close its old server first.
+    kubelet = KubeletEmulator(plugin_dir, old_stream_disconnects_new=True)
+    await kubelet.start()
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+        (plugin_dir / socket_name(R)).unlink()
+        await kubelet.wait_for(lambda: kubelet.registrations(R) == 2
+                               and kubelet.allocatable(R) == 1000, timeout=10)
+        await asyncio.sleep(0.3)
+        assert kubelet.allocatable(R) == 1000
+        assert kubelet.registrations(R) == 2
+    finally:
+        await d.stop()
+        await kubelet.stop()
