@@ -240,6 +240,14 @@ def _cpu_model(proc_root: str) -> str:
     return platform.processor() or "unknown"
 
 
+def _load_average() -> str:
+    # Other work on the machine moves the latency figures; the reader should see how much.
+    try:
+        return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def machine_info(tree_location: str, proc_root: str = "/proc") -> dict[str, str]:
     """What a reader needs to compare runs: cores, CPU, Python, grpcio, kernel, date."""
     import grpc
@@ -251,5 +259,6 @@ def machine_info(tree_location: str, proc_root: str = "/proc") -> dict[str, str]
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
         "kernel": platform.release(),
+        "load average at start (1, 5, 15 min)": _load_average(),
         "simulated trees on": tree_location,
     }
