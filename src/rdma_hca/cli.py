@@ -32,7 +32,7 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
                    help="allow RDMA for non-hostNetwork pods (needs an IPv6 compute network)")
     p.add_argument("--nccl-env", action=argparse.BooleanOptionalAction, default=None,
                    help="set NCCL_IB_HCA to the allocated HCAs")
-    p.add_argument("--health-poll-seconds", help="port state poll interval (default 1.0)")
+    p.add_argument("--health-poll-seconds", help="port poll interval, seconds (default 0.5)")
     p.add_argument("--resend-seconds", help="re-send the device list this often (default 30)")
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz, /readyz "
                                              "(default :9478; empty disables)")

@@ -121,7 +121,7 @@ class Settings:
     pools: tuple[PoolConfig, ...] = (PoolConfig(),)
     non_host_network: bool = False
     nccl_env: bool = False
-    health_poll_seconds: float = 1.0
+    health_poll_seconds: float = 0.5
     resend_seconds: float = 30.0
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     log_format: LogFormat = LogFormat.TEXT

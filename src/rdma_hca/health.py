@@ -15,7 +15,9 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
+from . import netlink
 from .model import NodeInventory
 from .runtime import PoolRuntime
 from .sysfs import discover_node, read_port_states
@@ -55,11 +57,13 @@ class HealthWatcher:
         self.discoveries = 0
         self.netlink_events = 0
         self._poke = asyncio.Event()
+        self._full_requested = False
         self._fingerprint: Fingerprint = ()
         self._warned: set[str] = set()
 
-    def poke(self) -> None:
-        """Re-read port state now instead of at the next poll."""
+    def poke(self, full: bool = False) -> None:
+        """Re-read port state now instead of at the next poll (everything, with ``full``)."""
+        self._full_requested = self._full_requested or full
         self._poke.set()
 
     def fingerprint(self) -> Fingerprint:
@@ -90,6 +94,28 @@ class HealthWatcher:
             await self.on_inventory(inventory)
         return inventory
 
+    def _only_states_differ(self, fingerprint: Fingerprint) -> bool:
+        old = self._fingerprint
+        return (self.inventory is not None and len(old) == len(fingerprint)
+                and old[0] == fingerprint[0] and old[2:] == fingerprint[2:])
+
+    async def _apply_port_states(self, fingerprint: Fingerprint) -> None:
+        assert self.inventory is not None
+        states = dict(fingerprint[1])  # type: ignore[call-overload]
+        hcas = tuple(
+            replace(h, ports=tuple(
+                replace(p, state=states[(h.name, p.number)][0],
+                        phys_state=states[(h.name, p.number)][1])
+                if (h.name, p.number) in states else p
+                for p in h.ports))
+            for h in self.inventory.hcas
+        )
+        self.inventory = replace(self.inventory, hcas=hcas)
+        for runtime in self.runtimes:
+            await runtime.update(self.inventory)
+        if self.on_inventory is not None:
+            await self.on_inventory(self.inventory)
+
     async def run(self) -> None:
         if self.inventory is None:
             await self.refresh()
@@ -103,8 +129,15 @@ class HealthWatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._poke.wait(), self.poll_seconds)
                 self._poke.clear()
-                due = loop.time() - last_full >= self.full_seconds
-                if due or self.fingerprint() != self._fingerprint:
+                due = self._full_requested or loop.time() - last_full >= self.full_seconds
+                self._full_requested = False
+                fingerprint = self.fingerprint()
+                if fingerprint != self._fingerprint and self._only_states_differ(fingerprint):
+                    # Publish the new port states first: a dead port must reach the
+                    # kubelet now, not after a full pass over thousands of GID files.
+                    await self._apply_port_states(fingerprint)
+                    due = True  # then re-read the rest (rates, GIDs) at once
+                if due or fingerprint != self._fingerprint:
                     await self.refresh()
                     last_full = loop.time()
         finally:
@@ -120,22 +153,17 @@ class HealthWatcher:
 
     async def _watch_links(self) -> None:
         try:
-            from pyroute2 import AsyncIPRoute
-            from pyroute2.netlink.rtnl import RTMGRP_LINK
-        except ImportError as exc:  # pragma: no cover - pyroute2 is a dependency
-            log.info("rtnetlink unavailable (%s); port state is polled only", exc)
+            sock = netlink.open_socket()
+        except OSError as exc:
+            log.info("rtnetlink events unavailable (%s); port state is polled only", exc)
             return
         try:
-            async with AsyncIPRoute() as ipr:
-                await ipr.bind(groups=RTMGRP_LINK)
-                while True:
-                    async for msg in ipr.get():
-                        name = msg.get_attr("IFLA_IFNAME")
-                        if name in self._netdevs():
-                            self.netlink_events += 1
-                            log.debug("link event on %s", name)
-                            self.poke()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # any failure here must not stop health polling
-            log.info("rtnetlink link events unavailable (%s); port state is polled only", exc)
+            async for event in netlink.events(sock):
+                if event.ifname is not None and event.ifname not in self._netdevs():
+                    continue
+                self.netlink_events += 1
+                log.debug("%s event on %s", event.kind, event.ifname or "a netdev")
+                # An address change changes the RoCE GIDs: only a full pass sees those.
+                self.poke(full=event.kind == "address")
+        except OSError as exc:
+            log.info("rtnetlink events stopped (%s); port state is polled only", exc)

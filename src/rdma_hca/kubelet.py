@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,8 +72,8 @@ class PoolServer:
         await server.start()
         self._server = server
 
-    async def stop(self, grace: float = 0.2) -> None:
-        self.service.stopping = True
+    async def stop(self, grace: float = 0.5) -> None:
+        self.service.stop()
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
@@ -107,6 +108,7 @@ class KubeletLifecycle:
         self._hurry = False
         self._tasks: list[asyncio.Task[None]] = []
         self._last_error: dict[str, str] = {}
+        self._registered_at: dict[str, int] = {}
 
     # --- triggers -------------------------------------------------------------------
 
@@ -121,6 +123,20 @@ class KubeletLifecycle:
             self.registered[r] = False
         self._hurry = self._hurry or hurry
         self._wake.set()
+
+    def _registered_before_kubelet(self) -> list[str]:
+        """Pools not yet registered with the kubelet that owns the current kubelet.sock.
+
+        The event is often read after the other triggers of the same restart (our socket
+        removed, the stream ended) have already led to a registration with the new
+        kubelet; registering once more would only replace a working server.
+        """
+        try:
+            born = os.stat(os.path.join(self.kubelet_dir, KUBELET_SOCKET)).st_ctime_ns
+        except OSError:
+            return list(self.runtimes)
+        return [r for r in self.runtimes
+                if not (self.registered[r] and self._registered_at.get(r, 0) > born)]
 
     def ready(self) -> bool:
         return all(self.registered.values())
@@ -191,6 +207,7 @@ class KubeletLifecycle:
             )
             return False
         self.registered[resource] = True
+        self._registered_at[resource] = time.time_ns()
         self.registrations[resource] += 1
         self._last_error.pop(resource, None)
         log.info("%s: registered with the kubelet (endpoint %s)", resource,
@@ -252,8 +269,9 @@ class KubeletLifecycle:
                         created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
                         if name == KUBELET_SOCKET and created:
                             self.kubelet_restarts += 1
-                            self.request(None, "kubelet.sock was created (kubelet started)",
-                                         hurry=True)
+                            for resource in self._registered_before_kubelet():
+                                self.request(resource, "kubelet.sock was created (kubelet "
+                                             "started)", hurry=True)
                         elif name in ours and not created:
                             resource = ours[name]
                             server = self.servers.get(resource)

@@ -6,6 +6,7 @@ itself: the kubelet lifecycle (``kubelet.py``) owns the server it runs in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -51,6 +52,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.on_allocate = on_allocate
         self.stopping = False
         self.open_streams = 0
+        self._stopped = asyncio.Event()
+
+    def stop(self) -> None:
+        """End every open stream normally, before the server goes away.
+
+        A stream left waiting would be cancelled by the server's shutdown, which grpc
+        reports as an error with a traceback; the kubelet sees the same end either way.
+        """
+        self.stopping = True
+        self._stopped.set()
 
     def options(self) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(
@@ -74,11 +85,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         try:
             seen = state.generation
             yield to_proto(state.devices)
-            while True:
-                seen_before = seen
-                seen = await state.wait_newer(seen, timeout=resend)
-                if seen == seen_before and resend is None:
-                    continue
+            while not self._stopped.is_set():
+                newer = asyncio.ensure_future(state.wait_newer(seen, timeout=resend))
+                stopped = asyncio.ensure_future(self._stopped.wait())
+                await asyncio.wait({newer, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                for t in (newer, stopped):
+                    t.cancel()
+                if self._stopped.is_set():
+                    return
+                seen = newer.result()
                 # A new generation, or the resend interval passed: send the whole list,
                 # which the kubelet takes as a replacement, so a missed update heals.
                 yield to_proto(state.devices)
@@ -127,7 +142,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         if error is not None:
             log.warning("Allocate refused: %s", error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error)
-        log.info("Allocate %s: %s", self.runtime.config.resource_name,
+        log.debug("Allocate %s: %s", self.runtime.config.resource_name,
                  "; ".join(r.envs.get("RDMA_HCA_DEVICES", "") for r in resp.container_responses))
         return resp
 

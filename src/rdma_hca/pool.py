@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._proto import api_pb2
 from .config import Mode, PoolConfig, UnhealthyWhen
@@ -48,6 +48,10 @@ class PoolView:
     rdma_cm: CharDevice | None
     nccl_env: bool = False
     cdi: bool = False
+    # Allocate answers by HCA set. A view never changes, so neither do its answers, and
+    # in shared mode every ID gets the same one: build it once, not on every call.
+    _answers: dict[tuple[str, ...], api_pb2.ContainerAllocateResponse] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def usable(self) -> tuple[Hca, ...]:
@@ -115,7 +119,15 @@ class PoolView:
         return self.usable
 
     def allocate(self, ids: Sequence[str]) -> api_pb2.ContainerAllocateResponse:
+        """The answer for one container; callers must not modify it (it is shared)."""
         hcas = self.hcas_for(ids)
+        key = tuple(h.name for h in hcas)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = self._build_answer(hcas)
+        return answer
+
+    def _build_answer(self, hcas: Sequence[Hca]) -> api_pb2.ContainerAllocateResponse:
         names = [h.name for h in hcas]
         resp = api_pb2.ContainerAllocateResponse()
         resp.envs["RDMA_HCA_DEVICES"] = ",".join(names)
