@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .node_checks import ipv6_missing
 from .sysfs import read_port_counters
 
 if TYPE_CHECKING:
@@ -115,7 +116,11 @@ class DaemonCollector(Collector):
         ipv6 = GaugeMetricFamily(
             "rdma_hca_ipv6_ready",
             "1 when every RoCE HCA has a global IPv6 RoCE v2 GID (non-hostNetwork RDMA works)")
-        ipv6.add_metric([], 1.0 if d.findings.ipv6_ready else 0.0)
+        # Judged from the pools' HCAs whether or not the switch is on: the node findings
+        # only look when it is, and an operator reads this gauge to decide whether to
+        # turn it on.
+        pool_hcas = {h.name: h for r in d.runtimes for h in r.view.hcas}
+        ipv6.add_metric([], 0.0 if ipv6_missing(pool_hcas.values()) else 1.0)
         yield ipv6
 
 
