@@ -50,6 +50,8 @@ def free_port() -> int:
 def child_env(**extra: str) -> dict[str, str]:
     """The test's environment without any ``RDMA_HCA_*`` setting that could leak in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RDMA_HCA_")}
+    # A child that hangs can then be made to print every thread's stack (SIGABRT).
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra)
     return env
 
@@ -145,8 +147,18 @@ class ServeProcess:
         self.proc.send_signal(sig)
 
     async def wait_exit(self, timeout: float = WAIT) -> int:
-        """The exit status; the stderr pipe is drained to its end first."""
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        """The exit status; the stderr pipe is drained to its end first.
+
+        A child still running after ``timeout`` fails the test with its thread stacks.
+        """
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), WAIT)
+            raise AssertionError(f"still running after {timeout:g} s; its stacks and stderr:\n"
+                                 + self.stderr) from None
         if self._reader is not None:
             await asyncio.wait_for(self._reader, timeout)
         return code
