@@ -6,10 +6,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from rdma_hca.aio import wait_until
 from rdma_hca.cdi import CDI_VERSION, SPEC_FILE, write_spec
 from rdma_hca.config import CdiConfig, Mode, PoolConfig, Settings
 from rdma_hca.daemon import Daemon
-from rdma_hca.kubelet import wait_until
 from rdma_hca.sim.kubelet import KubeletEmulator
 from rdma_hca.sim.nodes import SimNode, gpu_node, infiniband_node
 

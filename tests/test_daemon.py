@@ -17,9 +17,10 @@ import grpc
 import pytest
 
 from rdma_hca._proto import api_pb2, api_pb2_grpc
+from rdma_hca.aio import wait_until
 from rdma_hca.config import Mode, PoolConfig, Settings, UnhealthyWhen
 from rdma_hca.daemon import Daemon
-from rdma_hca.kubelet import socket_name, wait_until
+from rdma_hca.kubelet import socket_name
 from rdma_hca.pool import shared_ids
 from rdma_hca.sim.kubelet import AdmissionError, KubeletEmulator
 from rdma_hca.sim.nodes import SimNode, gpu_node

@@ -7,11 +7,11 @@ benchmarks run the same object on simulated trees.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
+from .aio import cancel_all
 from .cdi import build_spec, write_spec
 from .config import Settings
 from .health import HealthWatcher
@@ -107,11 +107,7 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         await self.lifecycle.stop()
         if self._http is not None:

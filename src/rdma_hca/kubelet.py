@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from ._proto import api_pb2, api_pb2_grpc
+from .aio import cancel_all
 from .plugin import DevicePluginService
 from .runtime import PoolRuntime
 
@@ -152,11 +153,7 @@ class KubeletLifecycle:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         for server in list(self.servers.values()):
             await server.stop()
@@ -296,13 +293,3 @@ class KubeletLifecycle:
                 if not registered and resource not in self._dirty:
                     self.request(resource, "not registered yet")
 
-
-async def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
-    """Poll ``predicate`` until true or ``timeout``; for callers without an event to await."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(step)
-    return True
