@@ -333,3 +333,20 @@ async def test_old_stream_cannot_disconnect_the_new_registration(
     finally:
         await d.stop()
         await kubelet.stop()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+async def test_one_registration_per_kubelet_restart(daemon: Daemon, kubelet: KubeletEmulator,
+                                                    delay: float) -> None:
+    # A restart fires three triggers (stream ended, our socket removed, kubelet.sock
+    # created) in any order; the kubelet must see one registration, not three.
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    for _ in range(5):
+        before = kubelet.registrations(R)
+        await kubelet.restart(delay=delay)
+        await kubelet.wait_for(lambda b=before: kubelet.registrations(R) > b
+                               and kubelet.allocatable(R) == 1000, timeout=10)
+        assert await wait_until(daemon.ready, 5)
+        await asyncio.sleep(0.3)  # let any late trigger act before counting
+        assert kubelet.registrations(R) == before + 1
+        assert daemon.ready()

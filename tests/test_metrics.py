@@ -306,11 +306,6 @@ class _NewKubeletDuringRegister(api_pb2_grpc.RegistrationServicer):
         return api_pb2.Empty()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kubelet.py _serve_and_register sets registered[resource] = True after Register "
-    "returns, overwriting the False that request() set while the call was in flight; the "
-    "restart that follows fails to register but never resets it, so /readyz says 200 and "
-    "rdma_hca_registered 1 with no registration"))
 async def test_not_ready_after_a_superseded_registration(node: SimNode,
                                                          plugin_dir: Path) -> None:
     kubelet = _NewKubeletDuringRegister(plugin_dir)

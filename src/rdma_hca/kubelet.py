@@ -36,6 +36,22 @@ BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
 
 
+KubeletId = tuple[int, int]
+
+
+def kubelet_id(kubelet_dir: str) -> KubeletId | None:
+    """Which kubelet.sock is there now: (inode, ctime), or None when there is none.
+
+    The inode alone is not enough (a new kubelet.sock can reuse the old inode number);
+    with the creation time it tells one kubelet start from the next.
+    """
+    try:
+        st = os.stat(os.path.join(kubelet_dir, KUBELET_SOCKET))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
 def socket_name(resource_name: str) -> str:
     """Our socket's file name: one per resource, so pools restart independently."""
     return "rdma-hca-" + re.sub(r"[^A-Za-z0-9]+", "-", resource_name).strip("-") + ".sock"
@@ -103,41 +119,66 @@ class KubeletLifecycle:
         self.registered: dict[str, bool] = dict.fromkeys(self.runtimes, False)
         self.registrations: dict[str, int] = dict.fromkeys(self.runtimes, 0)
         self.kubelet_restarts = 0
-        self._dirty: set[str] = set()  # pools to register again
         self._restart: set[str] = set()  # pools whose server must be replaced first
         self._wake = asyncio.Event()
         self._hurry = False
         self._tasks: list[asyncio.Task[None]] = []
         self._last_error: dict[str, str] = {}
+        # What a pool's registration answers: which kubelet.sock it went to, when the
+        # Register call began, and since when a new registration has been owed.
+        self._registered_with: dict[str, KubeletId] = {}
         self._registered_at: dict[str, int] = {}
+        self._need_since: dict[str, int] = {}
 
     # --- triggers -------------------------------------------------------------------
 
     def request(self, resource: str | None, reason: str, *, hurry: bool = False) -> None:
-        """Ask for a fresh server and a registration of one pool (or all, with None)."""
+        """Owe a fresh server and a registration to one pool (or all, with None)."""
+        now = time.time_ns()
         targets = list(self.runtimes) if resource is None else [resource]
         for r in targets:
-            if r not in self._dirty:
-                log.info("%s: serve and register again: %s", r, reason)
-            self._dirty.add(r)
-            self._restart.add(r)
-            self.registered[r] = False
+            self._owe(r, reason)
+            self._need_since[r] = now
         self._hurry = self._hurry or hurry
         self._wake.set()
 
-    def _registered_before_kubelet(self) -> list[str]:
-        """Pools not yet registered with the kubelet that owns the current kubelet.sock.
+    def kubelet_started(self) -> None:
+        """kubelet.sock was created: pools registered with any other socket register again.
 
-        The event is often read after the other triggers of the same restart (our socket
-        removed, the stream ended) have already led to a registration with the new
-        kubelet; registering once more would only replace a working server.
+        Triggers of one kubelet restart (our socket removed, the stream ended, the new
+        kubelet.sock) arrive in any order, some while a Register is in flight. A pool
+        whose registration already went to this very socket is left alone, so a restart
+        costs one registration, not one per trigger.
         """
-        try:
-            born = os.stat(os.path.join(self.kubelet_dir, KUBELET_SOCKET)).st_ctime_ns
-        except OSError:
-            return list(self.runtimes)
-        return [r for r in self.runtimes
-                if not (self.registered[r] and self._registered_at.get(r, 0) > born)]
+        self.kubelet_restarts += 1
+        kubelet = kubelet_id(self.kubelet_dir)
+        for r in self.runtimes:
+            # Only a finished registration with another socket is stale; one in flight
+            # is judged by the reconcile task when it returns.
+            if self.registered[r] and self._registered_with.get(r) != kubelet:
+                log.info("%s: serve and register again: kubelet.sock was created "
+                         "(kubelet started)", r)
+                self.registered[r] = False
+        self._hurry = True
+        self._wake.set()
+
+    def _owe(self, resource: str, reason: str) -> None:
+        if self.registered[resource] or resource not in self._restart:
+            log.info("%s: serve and register again: %s", resource, reason)
+        self._restart.add(resource)
+        self.registered[resource] = False
+
+    def _current(self, resource: str, kubelet: KubeletId | None) -> bool:
+        """Registered with the kubelet behind ``kubelet`` and nothing owed since."""
+        server = self.servers.get(resource)
+        return (
+            kubelet is not None
+            and self._registered_with.get(resource) == kubelet
+            and self._registered_at.get(resource, -1) > self._need_since.get(resource, 0)
+            and resource not in self._restart
+            and server is not None
+            and os.path.exists(server.path)
+        )
 
     def ready(self) -> bool:
         return all(self.registered.values())
@@ -168,15 +209,25 @@ class KubeletLifecycle:
             self._wake.clear()
             if self._hurry:
                 delay, self._hurry = 0.0, False
-            failed: set[str] = set()
-            for resource in sorted(self._dirty):
-                self._dirty.discard(resource)
-                if not await self._serve_and_register(resource):
-                    failed.add(resource)
-            if not failed:
+            failed = False
+            for resource in sorted(self.runtimes):
+                kubelet = kubelet_id(self.kubelet_dir)
+                if self._current(resource, kubelet):
+                    continue
+                if self._registered_with.get(resource) not in (None, kubelet):
+                    # A new kubelet: serve afresh, so nothing of the old one lingers.
+                    self._restart.add(resource)
+                failed = not await self._serve_and_register(resource) or failed
+            kubelet = kubelet_id(self.kubelet_dir)
+            for resource in self.runtimes:
+                self.registered[resource] = self._current(resource, kubelet)
+            if self.ready():
                 delay = 0.0
                 continue
-            self._dirty |= failed
+            if not failed:
+                # Something changed while a Register was in flight: look again now.
+                self._wake.set()
+                continue
             delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
             # Retry after the delay, or at once when something new happens.
             with contextlib.suppress(TimeoutError):
@@ -193,22 +244,30 @@ class KubeletLifecycle:
         if fresh and not await self._serve(resource):
             return False
         server = self.servers[resource]
+        kubelet_path = os.path.join(self.kubelet_dir, KUBELET_SOCKET)
+        before = kubelet_id(self.kubelet_dir)
+        if before is None:
+            self._note_failure(resource, f"waiting for the kubelet: {kubelet_path} does not "
+                                         "exist")
+            return False
+        started = time.time_ns()
         try:
             await register(self.kubelet_dir, os.path.basename(server.path), resource,
                            server.service.options())
         except grpc.aio.AioRpcError as exc:
             self._note_failure(
-                resource,
-                f"Register on {os.path.join(self.kubelet_dir, KUBELET_SOCKET)} failed: "
-                f"{exc.code().name}: {exc.details()}",
-            )
+                resource, f"Register on {kubelet_path} failed: {exc.code().name}: "
+                          f"{exc.details()}")
             return False
-        self.registered[resource] = True
-        self._registered_at[resource] = time.time_ns()
         self.registrations[resource] += 1
         self._last_error.pop(resource, None)
         log.info("%s: registered with the kubelet (endpoint %s)", resource,
                  os.path.basename(server.path))
+        if kubelet_id(self.kubelet_dir) == before:
+            self._registered_with[resource] = before
+            self._registered_at[resource] = started
+        # else kubelet.sock was replaced during the call: which kubelet answered is
+        # unknown, so the pool stays owed and the loop registers it once more.
         return True
 
     async def _serve(self, resource: str) -> bool:
@@ -265,10 +324,7 @@ class KubeletLifecycle:
                             break
                         created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
                         if name == KUBELET_SOCKET and created:
-                            self.kubelet_restarts += 1
-                            for resource in self._registered_before_kubelet():
-                                self.request(resource, "kubelet.sock was created (kubelet "
-                                             "started)", hurry=True)
+                            self.kubelet_started()
                         elif name in ours and not created:
                             resource = ours[name]
                             server = self.servers.get(resource)
@@ -289,7 +345,6 @@ class KubeletLifecycle:
             for resource, server in list(self.servers.items()):
                 if self.registered[resource] and not Path(server.path).exists():
                     self.request(resource, f"our socket {server.path} is gone")
-            for resource, registered in self.registered.items():
-                if not registered and resource not in self._dirty:
-                    self.request(resource, "not registered yet")
+            if not self.ready():
+                self._wake.set()
 
