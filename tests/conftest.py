@@ -1,12 +1,37 @@
-"""Shared fixtures: simulated nodes written under each test's tmp_path."""
+"""Shared fixtures: simulated nodes written under each test's tmp_path, a kubelet emulator."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from rdma_hca.sim import nodes as sim
+from rdma_hca.sim.kubelet import KubeletEmulator
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> sim.SimNode:
+    """The GPU node with small GID tables, so a daemon's start-up discovery stays cheap."""
+    return sim.gpu_node(tmp_path / "node", gid_table_size=8)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path) -> Path:
+    """An empty device-plugins directory, as the kubelet keeps it."""
+    d = tmp_path / "dp"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
+    """A running kubelet emulator on ``plugin_dir``."""
+    k = KubeletEmulator(plugin_dir)
+    await k.start()
+    yield k
+    await k.stop()
 
 
 @pytest.fixture

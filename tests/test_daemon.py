@@ -23,7 +23,7 @@ from rdma_hca.daemon import Daemon
 from rdma_hca.kubelet import socket_name
 from rdma_hca.pool import shared_ids
 from rdma_hca.sim.kubelet import AdmissionError, KubeletEmulator
-from rdma_hca.sim.nodes import SimNode, gpu_node
+from rdma_hca.sim.nodes import SimNode
 
 R = "rdma/hca"
 
@@ -37,26 +37,6 @@ def make_settings(node: SimNode, plugin_dir: Path, **kw: object) -> Settings:
         health_poll_seconds=0.05,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> SimNode:
-    return gpu_node(tmp_path / "node")
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "dp"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    k = KubeletEmulator(plugin_dir)
-    await k.start()
-    yield k
-    await k.stop()
 
 
 @pytest.fixture
@@ -350,3 +330,19 @@ async def test_one_registration_per_kubelet_restart(daemon: Daemon, kubelet: Kub
         await asyncio.sleep(0.3)  # let any late trigger act before counting
         assert kubelet.registrations(R) == before + 1
         assert daemon.ready()
+
+
+async def test_inventory_follows_rapid_port_flaps(daemon: Daemon, kubelet: KubeletEmulator,
+                                                  node: SimNode) -> None:
+    # A flap that lands while a full discovery is reading the tree must not leave the
+    # daemon believing the older state once the files settle.
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    up = True
+    for _ in range(100):
+        up = not up
+        node.set_port("mlx5_0", 1, up=up)
+        assert await wait_until(
+            lambda u=up: daemon.inventory is not None
+            and any(h.name == "mlx5_0" and h.ports[0].is_up == u for h in daemon.inventory.hcas),
+            5), f"the daemon never saw mlx5_0 {'up' if up else 'down'}"
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == (1000 if up else 0))

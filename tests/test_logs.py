@@ -19,7 +19,6 @@ import pytest
 from test_serve_process import (
     R,
     ServeProcess,
-    build_gpu_node,
     serve,
     serve_argv,
     wait_registered,
@@ -32,18 +31,6 @@ from rdma_hca.sim.nodes import SimNode
 TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +rdma_hca\.\w+: \S.*$")
 LEVELS = {"debug", "info", "warning", "error", "critical"}
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> SimNode:
-    return build_gpu_node(tmp_path / "node")
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "dp"
-    d.mkdir()
-    return d
 
 
 async def run_through_a_day(proc: ServeProcess, node: SimNode, plugin_dir: Path) -> None:

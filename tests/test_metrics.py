@@ -51,18 +51,6 @@ FAMILIES = (
 )
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> SimNode:
-    return build_gpu_node(tmp_path / "node")
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "dp"
-    d.mkdir()
-    return d
-
-
 def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str,
           **labels: str) -> float:
     """The one sample of ``name`` whose labels include ``labels``."""

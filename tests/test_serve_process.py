@@ -251,26 +251,6 @@ async def wait_registered(kubelet: KubeletEmulator, *, more_than: int = 0,
 # --- fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> SimNode:
-    return build_gpu_node(tmp_path / "node")
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "dp"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
-    k = KubeletEmulator(plugin_dir)
-    await k.start()
-    yield k
-    await k.stop()
-
-
 # --- signals --------------------------------------------------------------------------------
 
 

@@ -250,7 +250,8 @@ def test_missing_sysfs_root_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptu
     assert inv.hcas == ()
     assert len(inv.warnings) == 1
     assert str(missing) in inv.warnings[0]
-    assert str(missing) in caplog.text
+    # Discovery reports through the inventory; logging it is the caller's choice.
+    assert caplog.records == []
 
 
 # -- live changes ---------------------------------------------------------------------
@@ -402,8 +403,7 @@ def test_broken_tree_warns_once_per_damaged_path(
     for path in node.damaged:
         hits = [w for w in inv.warnings if _mentions(w, path)]
         assert len(hits) == 1, (path, inv.warnings)
-    logged = [r.getMessage() for r in caplog.records if r.name == "rdma_hca.sysfs"]
-    assert logged == list(inv.warnings)
+    assert [r for r in caplog.records if r.name == "rdma_hca.sysfs"] == []
 
 
 def test_broken_trees_cover_every_builder_case(broken: dict[str, sim.SimNode]) -> None:

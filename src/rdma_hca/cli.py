@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import sys
@@ -86,8 +85,6 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from .report import inventory_to_json, render_inventory
     from .sysfs import discover_node
 
-    # The report lists discovery's warnings itself; do not print them twice.
-    logging.getLogger("rdma_hca.sysfs").setLevel(logging.ERROR)
     inventory = discover_node(args.sysfs_root, args.dev_root)
     if args.json:
         print(json.dumps(inventory_to_json(inventory), indent=2))

@@ -79,10 +79,13 @@ class HealthWatcher:
 
     async def refresh(self) -> NodeInventory:
         """Discover the node and hand the result to every pool."""
-        fingerprint = self.fingerprint()
+        before = self.fingerprint()
         inventory = await asyncio.to_thread(discover_node, self.sysfs_root, self.dev_root)
         self.discoveries += 1
-        self._fingerprint = fingerprint
+        # The node may change while discovery reads it; then the inventory may hold the
+        # old or the new state. Storing no fingerprint makes the next poll look again,
+        # where storing the older one could match the file and hide a stale inventory.
+        self._fingerprint = before if self.fingerprint() == before else ()
         self.inventory = inventory
         for w in inventory.warnings:
             if w not in self._warned:
@@ -131,20 +134,31 @@ class HealthWatcher:
                 self._poke.clear()
                 due = self._full_requested or loop.time() - last_full >= self.full_seconds
                 self._full_requested = False
-                fingerprint = self.fingerprint()
-                if fingerprint != self._fingerprint and self._only_states_differ(fingerprint):
-                    # Publish the new port states first: a dead port must reach the
-                    # kubelet now, not after a full pass over thousands of GID files.
-                    await self._apply_port_states(fingerprint)
-                    due = True  # then re-read the rest (rates, GIDs) at once
-                if due or fingerprint != self._fingerprint:
-                    await self.refresh()
-                    last_full = loop.time()
+                try:
+                    if await self._check(due):
+                        last_full = loop.time()
+                except Exception:
+                    # Whatever went wrong, the watcher must outlive it: a dead watcher
+                    # would freeze the device list in whatever state it had.
+                    log.exception("health check failed; trying again at the next poll")
         finally:
             if netlink_task is not None:
                 netlink_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await netlink_task
+
+    async def _check(self, due: bool) -> bool:
+        """One poll; returns True when it ran a full discovery."""
+        fingerprint = self.fingerprint()
+        if fingerprint != self._fingerprint and self._only_states_differ(fingerprint):
+            # Publish the new port states first: a dead port must reach the kubelet
+            # now, not after a full pass over thousands of GID files.
+            await self._apply_port_states(fingerprint)
+            due = True  # then re-read the rest (rates, GIDs) at once
+        if due or fingerprint != self._fingerprint:
+            await self.refresh()
+            return True
+        return False
 
     def _netdevs(self) -> set[str]:
         if self.inventory is None:

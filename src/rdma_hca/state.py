@@ -3,6 +3,10 @@
 Each stream remembers the last generation it sent and waits for a newer one, so
 one stream can never consume an update meant for another (a queue shared by
 streams would hand each update to only one of them).
+
+Waiting uses one ``asyncio.Event`` per generation, set when the next one is
+published and then replaced. Unlike a Condition it holds no lock, so a stream
+cancelled or timed out while waiting can never leave the publisher blocked.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ class DeviceState:
     def __init__(self, devices: Sequence[DeviceInfo] = ()) -> None:
         self._devices: tuple[DeviceInfo, ...] = tuple(devices)
         self._generation = 0
-        self._changed = asyncio.Condition()
+        self._next = asyncio.Event()
 
     @property
     def devices(self) -> tuple[DeviceInfo, ...]:
@@ -36,18 +40,15 @@ class DeviceState:
         new = tuple(devices)
         if new == self._devices:
             return False
-        async with self._changed:
-            self._devices = new
-            self._generation += 1
-            self._changed.notify_all()
+        self._devices = new
+        self._generation += 1
+        done, self._next = self._next, asyncio.Event()
+        done.set()
         return True
 
     async def wait_newer(self, seen: int, timeout: float | None = None) -> int:
         """Return the current generation once it is newer than ``seen`` (or on timeout)."""
-        async with self._changed:
-            if self._generation == seen:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: self._generation != seen), timeout
-                    )
-            return self._generation
+        if self._generation == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._next.wait(), timeout)
+        return self._generation

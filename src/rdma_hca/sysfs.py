@@ -17,7 +17,6 @@ live in one place:
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import re
 from collections.abc import Iterable
@@ -37,7 +36,6 @@ __all__ = [
     "unusable_warning",
 ]
 
-log = logging.getLogger("rdma_hca.sysfs")
 
 StrPath = str | os.PathLike[str]
 
@@ -207,8 +205,9 @@ class _Discovery:
         self.issm: dict[tuple[str, int], str] = {}
 
     def warn(self, message: str) -> None:
+        # Collected, not logged: the daemon rediscovers on every change and says each
+        # warning once; `rdma-hca discover` prints them in its report.
         self.warnings.append(message)
-        log.warning("%s", message)
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.sys, *parts)
