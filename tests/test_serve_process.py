@@ -266,7 +266,8 @@ async def test_signal_stops_cleanly(sig: signal.Signals, node: SimNode, plugin_d
     assert not (plugin_dir / SOCKET).exists(), "the plugin left its socket behind"
     # The kubelet saw the stream end: no device is allocatable any more.
     await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "shutdown took" not in proc.stderr
     assert proc.count(lambda line: "stopping" in line) == 1
 
 
@@ -277,7 +278,8 @@ async def test_sigterm_while_kubelet_absent(node: SimNode, plugin_dir: Path) -> 
         proc.send(signal.SIGTERM)
         assert await proc.wait_exit(WAIT) == 0
     assert not (plugin_dir / SOCKET).exists()
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "shutdown took" not in proc.stderr
 
 
 async def test_kill9_then_start_again(node: SimNode, plugin_dir: Path,
@@ -306,6 +308,7 @@ async def test_kill9_then_start_again(node: SimNode, plugin_dir: Path,
         second.send(signal.SIGTERM)
         assert await second.wait_exit() == 0
     assert "Traceback" not in first.stderr + second.stderr
+    assert "shutdown took" not in first.stderr + second.stderr
 
 
 # --- configuration errors --------------------------------------------------------------------
@@ -346,7 +349,8 @@ async def test_config_error_exits_2_before_serving(
         assert await proc.wait_exit() == 2
     for text in expected:
         assert text in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "shutdown took" not in proc.stderr
     assert sorted(os.listdir(plugin_dir)) == ["kubelet.sock"], "a socket was created anyway"
     assert kubelet.resources() == [] and kubelet.registrations(R) == 0
 
@@ -380,7 +384,8 @@ async def test_kubelet_absent_then_started_then_restarted(node: SimNode,
             await kubelet.stop()
         proc.send(signal.SIGTERM)
         assert await proc.wait_exit() == 0
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "shutdown took" not in proc.stderr
 
 
 # --- garbage in the sysfs tree of a running daemon --------------------------------------------

@@ -22,6 +22,14 @@ from .runtime import PoolRuntime
 
 log = logging.getLogger("rdma_hca.daemon")
 
+STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
+
+
+def _describe(task: asyncio.Task[object]) -> str:
+    frames = task.get_stack(limit=3)
+    where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+    return f"{task.get_name()} at {where or '?'}"
+
 
 class AllocationStats:
     """Allocate counts and latencies, kept for the metrics endpoint."""
@@ -123,5 +131,12 @@ class Daemon:
             await stop.wait()
         finally:
             log.info("stopping: closing the servers and removing our sockets")
-            await self.stop()
+            try:
+                await asyncio.wait_for(self.stop(), STOP_DEADLINE)
+            except TimeoutError:
+                # Shutdown must end: say what was stuck, then leave no socket behind.
+                stuck = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
+                          "; ".join(_describe(t) for t in stuck))
+                self.lifecycle.remove_sockets()
 

@@ -62,7 +62,10 @@ async def register(kubelet_dir: str, endpoint: str, resource_name: str,
                    timeout: float = REGISTER_TIMEOUT) -> None:
     """Call ``Registration.Register`` on ``kubelet.sock``; raises ``grpc.aio.AioRpcError``."""
     target = "unix://" + os.path.abspath(os.path.join(kubelet_dir, KUBELET_SOCKET))
-    async with grpc.aio.insecure_channel(target) as channel:
+    # A subchannel of its own: gRPC would otherwise reuse a connection another channel
+    # holds to the same path, which may lead to the kubelet.sock that was just replaced.
+    channel_options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(target, options=channel_options) as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)
         await stub.Register(
             api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint,
@@ -78,6 +81,7 @@ class PoolServer:
         self.service = service
         self.path = os.path.join(kubelet_dir, socket_name(service.runtime.resource_name))
         self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         # A socket left by a process killed with -9 would make bind fail.
@@ -90,6 +94,16 @@ class PoolServer:
         self._server = server
 
     async def stop(self, grace: float = 0.5) -> None:
+        """Stop once, even if called again or if the caller is cancelled meanwhile.
+
+        An interrupted gRPC server shutdown, or a second one started beside it, fails
+        inside gRPC ("invalid state"); so the shutdown runs as one task of its own.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float) -> None:
         self.service.stop()
         if self._server is not None:
             await self._server.stop(grace)
@@ -116,6 +130,7 @@ class KubeletLifecycle:
         self.backstop_seconds = backstop_seconds
         self.on_allocate = on_allocate
         self.servers: dict[str, PoolServer] = {}
+        self._retired: list[PoolServer] = []
         self.registered: dict[str, bool] = dict.fromkeys(self.runtimes, False)
         self.registrations: dict[str, int] = dict.fromkeys(self.runtimes, 0)
         self.kubelet_restarts = 0
@@ -196,11 +211,18 @@ class KubeletLifecycle:
     async def stop(self) -> None:
         await cancel_all(self._tasks)
         self._tasks = []
-        for server in list(self.servers.values()):
+        for server in [*self._retired, *self.servers.values()]:
             await server.stop()
+        self._retired.clear()
         self.servers.clear()
         for r in self.registered:
             self.registered[r] = False
+
+    def remove_sockets(self) -> None:
+        """Last resort when a server will not stop: at least leave no socket behind."""
+        for server in self.servers.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(server.path)
 
     async def _reconcile_loop(self) -> None:
         delay = 0.0
@@ -275,8 +297,11 @@ class KubeletLifecycle:
         old = self.servers.pop(resource, None)
         if old is not None:
             # Close the old server first: an old stream ending after the new
-            # registration could otherwise disconnect the new one.
+            # registration could otherwise disconnect the new one. Until it is closed
+            # it stays known, so that shutting down mid-way still finishes it.
+            self._retired.append(old)
             await old.stop()
+            self._retired.remove(old)
         observe = self.on_allocate
 
         def on_allocate(seconds: float, ok: bool) -> None:

@@ -64,6 +64,10 @@ _MAX_EVENTS = 10_000
 # gRPC try one; short reconnect backoff lets a dial succeed soon after the plugin starts serving.
 _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.enable_http_proxy", 0),
+    # Each registration gets its own connection, as a restarted kubelet process has:
+    # gRPC otherwise shares one between channels to the same path, and closing an
+    # old endpoint's channel could then end the new endpoint's stream.
+    ("grpc.use_local_subchannel_pool", 1),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
