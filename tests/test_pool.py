@@ -213,3 +213,10 @@ def test_preferred_allocation_honours_must_include(size: int) -> None:
 def test_natural_order() -> None:
     assert sorted(["mlx5_10", "mlx5_2", "mlx5_1"], key=natural_key) == [
         "mlx5_1", "mlx5_2", "mlx5_10"]
+
+
+def test_preferred_allocation_takes_hcas_in_name_order_within_a_numa_node() -> None:
+    hcas = [hca("mlx5_10", 0, numa=0, pci="0000:0a:00.0"),
+            hca("mlx5_2", 1, numa=0, pci="0000:1b:00.0")]
+    view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*hcas))
+    assert view.preferred(["0000:0a:00.0", "0000:1b:00.0"], [], 1) == ["0000:1b:00.0"]

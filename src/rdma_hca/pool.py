@@ -166,11 +166,13 @@ class PoolView:
         rest = [i for i in avail if i not in set(chosen)]
         if self.config.mode is not Mode.EXCLUSIVE:
             return chosen + sorted(rest, key=natural_key)[: size - len(chosen)]
-        numa_of = {
-            v: self._numa_by_name().get(k) for k, v in exclusive_ids(self.hcas).items()
-        }
+        ids = exclusive_ids(self.hcas)
+        numa_of = {v: self._numa_by_name().get(k) for k, v in ids.items()}
+        name_of = {v: k for k, v in ids.items()}
         groups: dict[int | None, list[str]] = {}
-        for i in sorted(rest, key=natural_key):
+        # Within a NUMA node, HCAs in name order (mlx5_2 before mlx5_10): IDs are PCI
+        # addresses, whose hex digits sort badly as numbers.
+        for i in sorted(rest, key=lambda i: natural_key(name_of.get(i) or i)):
             groups.setdefault(numa_of.get(i), []).append(i)
         need = size - len(chosen)
         preferred_nodes = {numa_of.get(i) for i in chosen}
