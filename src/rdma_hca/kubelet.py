@@ -149,10 +149,13 @@ class KubeletLifecycle:
 
     def request(self, resource: str | None, reason: str, *, hurry: bool = False) -> None:
         """Owe a fresh server and a registration to one pool (or all, with None)."""
-        now = time.time_ns()
+        now = time.monotonic_ns()
         targets = list(self.runtimes) if resource is None else [resource]
         for r in targets:
-            self._owe(r, reason)
+            if self.registered[r] or r not in self._restart:
+                log.info("%s: serve and register again: %s", r, reason)
+            self._restart.add(r)
+            self.registered[r] = False
             self._need_since[r] = now
         self._hurry = self._hurry or hurry
         self._wake.set()
@@ -176,12 +179,6 @@ class KubeletLifecycle:
                 self.registered[r] = False
         self._hurry = True
         self._wake.set()
-
-    def _owe(self, resource: str, reason: str) -> None:
-        if self.registered[resource] or resource not in self._restart:
-            log.info("%s: serve and register again: %s", resource, reason)
-        self._restart.add(resource)
-        self.registered[resource] = False
 
     def _current(self, resource: str, kubelet: KubeletId | None) -> bool:
         """Registered with the kubelet behind ``kubelet`` and nothing owed since."""
@@ -272,7 +269,7 @@ class KubeletLifecycle:
             self._note_failure(resource, f"waiting for the kubelet: {kubelet_path} does not "
                                          "exist")
             return False
-        started = time.time_ns()
+        started = time.monotonic_ns()
         try:
             await register(self.kubelet_dir, os.path.basename(server.path), resource,
                            server.service.options())
