@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.doctor.render import checks_json, checks_text, summary
-from rdma_hca.doctor.result import Check
+from rdma_hca.doctor.result import Check, parse_command
 from rdma_hca.model import Hca
 from rdma_hca.sysfs import discover_node
 
@@ -277,10 +277,7 @@ def shm_check(proc_root: Path, dev_root: Path) -> Check:
 
 def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     """``rdma-hca check ARGV...`` as a function: returns the exit status."""
-    parser = argparse.ArgumentParser(prog="rdma-hca")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    try:
-        args = parser.parse_args(["check", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_command("check", add_parser, argv)
+    if isinstance(args, int):
+        return args
     return run(args, env=env)

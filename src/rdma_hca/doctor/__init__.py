@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rdma_hca.doctor import cluster, kubeapi, render
+from rdma_hca.doctor.result import parse_command
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 _RESOURCE_NAME = re.compile(
@@ -142,10 +143,7 @@ def main(
 ) -> int:
     """``rdma-hca doctor ARGV...`` as a function: returns the exit status, never raises
     ``SystemExit`` (argparse's usage errors come back as 2)."""
-    parser = argparse.ArgumentParser(prog="rdma-hca")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    try:
-        args = parser.parse_args(["doctor", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    args = parse_command("doctor", add_parser, argv)
+    if isinstance(args, int):
+        return args
     return run(args, env=env, home=home, in_cluster_root=in_cluster_root, now=now)

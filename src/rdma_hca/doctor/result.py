@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+EXIT_USAGE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,3 +19,21 @@ class Check:
     ok: bool
     detail: str
     fix: str | None = None
+
+
+def parse_command(
+    command: str,
+    add_parser: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None],
+    argv: Sequence[str] | None,
+) -> argparse.Namespace | int:
+    """Parse ``rdma-hca COMMAND ARGV...`` for a command run as a function.
+
+    Returns the namespace, or the exit status argparse chose (2 for a usage error)
+    instead of raising SystemExit, so tests and callers get a status back.
+    """
+    parser = argparse.ArgumentParser(prog="rdma-hca")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    try:
+        return parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
