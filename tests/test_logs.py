@@ -176,3 +176,18 @@ def test_json_formatter_survives_odd_arguments() -> None:
 
     doc = json.loads(JsonFormatter().format(record("got %s", Odd())))
     assert doc["message"].startswith("got odd")
+
+
+def test_config_error_follows_the_json_log_format() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rdma_hca.cli", "serve", "--log-format", "json",
+         "--rdma-hca-max", "0", "--kubelet-dir", "/nonexistent"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    doc = json.loads(line)
+    assert doc["level"] == "error"
+    assert "rdmaHcaMax: '0' (from flag --rdma-hca-max)" in doc["message"]

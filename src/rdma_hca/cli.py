@@ -66,7 +66,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
-        print(f"rdma-hca serve: config error: {exc}", file=sys.stderr)
+        message = f"rdma-hca serve: config error: {exc}"
+        # Logging is not set up yet; honour a JSON log format asked for by flag or
+        # environment (the config file itself may be what is broken).
+        wanted = args.log_format or os.environ.get("RDMA_HCA_LOG_FORMAT", "")
+        if wanted.strip().lower() == "json":
+            message = json.dumps({"level": "error", "logger": "rdma_hca.config",
+                                  "message": message})
+        print(message, file=sys.stderr)
         return EXIT_USAGE
     setup_logging(settings.log_format.value, settings.log_level)
 
