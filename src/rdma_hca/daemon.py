@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .aio import cancel_all
 from .cdi import build_spec, write_spec
@@ -19,6 +19,9 @@ from .kubelet import KubeletLifecycle
 from .model import NodeInventory
 from .node_checks import NodeFindings, evaluate_node
 from .runtime import PoolRuntime
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer
 
 log = logging.getLogger("rdma_hca.daemon")
 
@@ -32,11 +35,10 @@ def _describe(task: asyncio.Task[object]) -> str:
 
 
 class AllocationStats:
-    """Allocate counts and latencies, kept for the metrics endpoint."""
+    """Allocate counts per result; each latency goes to the observers (the histogram)."""
 
     def __init__(self) -> None:
         self.total: dict[tuple[str, bool], int] = {}
-        self.latencies: list[tuple[str, float]] = []
         self.observers: list[Callable[[str, float, bool], None]] = []
 
     def observe(self, resource: str, seconds: float, ok: bool) -> None:
@@ -48,7 +50,6 @@ class AllocationStats:
 class Daemon:
     def __init__(self, settings: Settings, *, netlink: bool = True) -> None:
         self.settings = settings
-        self.started_at = time.time()
         self.runtimes = [
             PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
             for p in settings.pools
@@ -70,7 +71,7 @@ class Daemon:
         )
         self.findings = NodeFindings()
         self._tasks: list[asyncio.Task[None]] = []
-        self._http: object | None = None
+        self._http: MetricsServer | None = None
         self._cdi_error: str | None = None
 
     @property
@@ -119,9 +120,6 @@ class Daemon:
         self._tasks = []
         await self.lifecycle.stop()
         if self._http is not None:
-            from .metrics import MetricsServer
-
-            assert isinstance(self._http, MetricsServer)
             await self._http.stop()
             self._http = None
 

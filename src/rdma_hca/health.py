@@ -54,8 +54,6 @@ class HealthWatcher:
         self.netlink = netlink
         self.on_inventory = on_inventory
         self.inventory: NodeInventory | None = None
-        self.discoveries = 0
-        self.netlink_events = 0
         self._poke = asyncio.Event()
         self._full_requested = False
         self._fingerprint: Fingerprint = ()
@@ -81,21 +79,24 @@ class HealthWatcher:
         """Discover the node and hand the result to every pool."""
         before = self.fingerprint()
         inventory = await asyncio.to_thread(discover_node, self.sysfs_root, self.dev_root)
-        self.discoveries += 1
         # The node may change while discovery reads it; then the inventory may hold the
         # old or the new state. Storing no fingerprint makes the next poll look again,
         # where storing the older one could match the file and hide a stale inventory.
         self._fingerprint = before if self.fingerprint() == before else ()
-        self.inventory = inventory
         for w in inventory.warnings:
             if w not in self._warned:
                 self._warned.add(w)
                 log.warning("sysfs: %s", w)
+        await self._publish(inventory)
+        return inventory
+
+    async def _publish(self, inventory: NodeInventory) -> None:
+        """Hand an inventory to every pool, then to whoever else follows the node."""
+        self.inventory = inventory
         for runtime in self.runtimes:
             await runtime.update(inventory)
         if self.on_inventory is not None:
             await self.on_inventory(inventory)
-        return inventory
 
     def _only_states_differ(self, fingerprint: Fingerprint) -> bool:
         old = self._fingerprint
@@ -113,11 +114,7 @@ class HealthWatcher:
                 for p in h.ports))
             for h in self.inventory.hcas
         )
-        self.inventory = replace(self.inventory, hcas=hcas)
-        for runtime in self.runtimes:
-            await runtime.update(self.inventory)
-        if self.on_inventory is not None:
-            await self.on_inventory(self.inventory)
+        await self._publish(replace(self.inventory, hcas=hcas))
 
     async def run(self) -> None:
         if self.inventory is None:
@@ -175,7 +172,6 @@ class HealthWatcher:
             async for event in netlink.events(sock):
                 if event.ifname is not None and event.ifname not in self._netdevs():
                     continue
-                self.netlink_events += 1
                 log.debug("%s event on %s", event.kind, event.ifname or "a netdev")
                 # An address change changes the RoCE GIDs: only a full pass sees those.
                 self.poke(full=event.kind == "address")

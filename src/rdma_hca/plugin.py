@@ -51,7 +51,6 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.on_stream_end = on_stream_end
         self.on_allocate = on_allocate
         self.stopping = False
-        self.open_streams = 0
         self._stopped = asyncio.Event()
 
     def stop(self) -> None:
@@ -79,7 +78,6 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         state = self.runtime.state
         resend = self.resend_seconds or None
-        self.open_streams += 1
         resource = self.runtime.config.resource_name
         log.debug("ListAndWatch stream opened for %s", resource)
         try:
@@ -98,7 +96,6 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 # which the kubelet takes as a replacement, so a missed update heals.
                 yield to_proto(state.devices)
         finally:
-            self.open_streams -= 1
             if not self.stopping:
                 log.warning("the kubelet closed the ListAndWatch stream of %s", resource)
                 if self.on_stream_end is not None:
