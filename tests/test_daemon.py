@@ -7,11 +7,13 @@ simulated sysfs/dev tree that the tests change as hardware and drivers would.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -330,6 +332,62 @@ async def test_one_registration_per_kubelet_restart(daemon: Daemon, kubelet: Kub
         await asyncio.sleep(0.3)  # let any late trigger act before counting
         assert kubelet.registrations(R) == before + 1
         assert daemon.ready()
+
+
+class _CleansDuringRegister(KubeletEmulator):
+    """A kubelet whose start-up clean removes the plugin's socket while Register is read.
+
+    It then dials a socket that is gone and would wait its whole dial timeout.
+    """
+
+    removed = 0
+
+    async def _admit_registration(self, request: api_pb2.RegisterRequest) -> Any:
+        if not self.removed:
+            self.removed += 1
+            (self.plugin_dir / request.endpoint).unlink()
+        return await super()._admit_registration(request)
+
+
+async def test_socket_removed_during_register_is_not_waited_for(
+        node: SimNode, plugin_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The daemon's own Register would wait 15 s and this kubelet's dial 60 s; the daemon
+    # must see its socket go, give the call up and register a new socket instead.
+    caplog.set_level(logging.INFO, logger="rdma_hca.kubelet")
+    kubelet = _CleansDuringRegister(plugin_dir, dial_timeout=60)
+    await kubelet.start()
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10)
+        assert kubelet.removed == 1
+        assert kubelet.registrations(R) == 1
+        assert "giving up the Register call in flight: our socket" in caplog.text
+        assert await wait_until(d.ready, 5)
+    finally:
+        await d.stop()
+        await kubelet.stop()
+
+
+async def test_trigger_while_the_server_is_replaced_costs_one_restart(
+        daemon: Daemon, kubelet: KubeletEmulator) -> None:
+    # A trigger that arrives while the old server is being stopped is answered by the
+    # server that replaces it; it must not restart that one after it has registered.
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+    lifecycle = daemon.lifecycle
+    old = lifecycle.servers[R]
+    before = kubelet.registrations(R)
+    lifecycle.request(R, "test: first trigger")
+    assert await wait_until(lambda: old.service.stopping, 5, step=0)
+    assert lifecycle.servers.get(R) is None  # the old server is on its way out
+    lifecycle.request(R, "test: second trigger")
+    await kubelet.wait_for(lambda: kubelet.registrations(R) > before
+                           and kubelet.allocatable(R) == 1000)
+    new = lifecycle.servers[R]
+    await asyncio.sleep(0.3)  # let a wrongly owed restart happen before counting
+    assert kubelet.registrations(R) == before + 1
+    assert lifecycle.servers[R] is new
+    assert daemon.ready()
 
 
 async def test_inventory_follows_rapid_port_flaps(daemon: Daemon, kubelet: KubeletEmulator,

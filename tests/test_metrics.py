@@ -274,7 +274,8 @@ class _NewKubeletDuringRegister(api_pb2_grpc.RegistrationServicer):
     """A kubelet whose Register is still being answered when kubelet.sock is created anew.
 
     The new kubelet.sock is bound but not listening yet (a kubelet starting up), so the
-    daemon's next Register fails: it is not registered with anyone from then on.
+    daemon gives up the call in flight and its next Register fails: it is not registered
+    with anyone from then on.
     """
 
     def __init__(self, plugin_dir: Path) -> None:
@@ -304,9 +305,12 @@ async def test_not_ready_after_a_superseded_registration(node: SimNode,
     port = free_port()
     try:
         async with serve(serve_argv(node, plugin_dir, metrics_port=port)) as proc:
-            await proc.wait_line(lambda line: "registered with the kubelet" in line)
+            # The call to the replaced kubelet.sock is given up, not waited for.
+            await proc.wait_line(lambda line: "giving up the Register call in flight: "
+                                              "kubelet.sock was created anew" in line)
             await proc.wait_line(lambda line: "Register on" in line and "failed" in line)
             assert kubelet.calls == 1
+            assert proc.count(lambda line: "registered with the kubelet" in line) == 0
             assert (await http_get(port, "/readyz"))[0] == 503
             assert value(await scrape(port), "rdma_hca_registered", resource=R) == 0
     finally:

@@ -74,6 +74,12 @@ async def register(kubelet_dir: str, endpoint: str, resource_name: str,
         )
 
 
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Take the outcome of a call nobody awaits, so asyncio does not report it as lost."""
+    if not task.cancelled():
+        task.exception()
+
+
 class PoolServer:
     """One pool's gRPC server on its own unix socket."""
 
@@ -134,16 +140,23 @@ class KubeletLifecycle:
         self.registered: dict[str, bool] = dict.fromkeys(self.runtimes, False)
         self.registrations: dict[str, int] = dict.fromkeys(self.runtimes, 0)
         self.kubelet_restarts = 0
-        self._restart: set[str] = set()  # pools whose server must be replaced first
         self._wake = asyncio.Event()
         self._hurry = False
         self._tasks: list[asyncio.Task[None]] = []
         self._last_error: dict[str, str] = {}
         # What a pool's registration answers: which kubelet.sock it went to, when the
-        # Register call began, and since when a new registration has been owed.
+        # Register call began, and since when a new registration has been owed. Server
+        # restarts are owed the same way, by time: a trigger that arrives while a server
+        # is being replaced is answered by the server that replaces it, and only a trigger
+        # newer than the serving server asks for another. (All times are monotonic ns.)
         self._registered_with: dict[str, KubeletId] = {}
         self._registered_at: dict[str, int] = {}
         self._need_since: dict[str, int] = {}
+        self._restart_since: dict[str, int] = {}
+        self._served_at: dict[str, int] = {}
+        # The Register call in flight: its pool, the kubelet.sock it went to, and the
+        # event that makes it give up.
+        self._inflight: tuple[str, KubeletId, asyncio.Event] | None = None
 
     # --- triggers -------------------------------------------------------------------
 
@@ -152,11 +165,12 @@ class KubeletLifecycle:
         now = time.monotonic_ns()
         targets = list(self.runtimes) if resource is None else [resource]
         for r in targets:
-            if self.registered[r] or r not in self._restart:
+            if self.registered[r] or not self._restart_owed(r):
                 log.info("%s: serve and register again: %s", r, reason)
-            self._restart.add(r)
+            self._restart_since[r] = now
             self.registered[r] = False
             self._need_since[r] = now
+            self._abandon_register(r, reason)
         self._hurry = self._hurry or hurry
         self._wake.set()
 
@@ -170,6 +184,8 @@ class KubeletLifecycle:
         """
         self.kubelet_restarts += 1
         kubelet = kubelet_id(self.kubelet_dir)
+        if self._inflight is not None and self._inflight[1] != kubelet:
+            self._abandon_register(self._inflight[0], "kubelet.sock was created anew")
         for r in self.runtimes:
             # Only a finished registration with another socket is stale; one in flight
             # is judged by the reconcile task when it returns.
@@ -180,6 +196,21 @@ class KubeletLifecycle:
         self._hurry = True
         self._wake.set()
 
+    def _restart_owed(self, resource: str) -> bool:
+        return self._restart_since.get(resource, -1) >= self._served_at.get(resource, 0)
+
+    def _abandon_register(self, resource: str, reason: str) -> None:
+        """Give up a Register in flight that can no longer succeed.
+
+        The kubelet dials our socket inside Register and waits up to 10 s for it; when
+        that socket was just removed, or another kubelet took over kubelet.sock, waiting
+        would only delay the registration that works.
+        """
+        if self._inflight is not None and self._inflight[0] == resource:
+            if not self._inflight[2].is_set():
+                log.info("%s: giving up the Register call in flight: %s", resource, reason)
+            self._inflight[2].set()
+
     def _current(self, resource: str, kubelet: KubeletId | None) -> bool:
         """Registered with the kubelet behind ``kubelet`` and nothing owed since."""
         server = self.servers.get(resource)
@@ -187,7 +218,7 @@ class KubeletLifecycle:
             kubelet is not None
             and self._registered_with.get(resource) == kubelet
             and self._registered_at.get(resource, -1) > self._need_since.get(resource, 0)
-            and resource not in self._restart
+            and not self._restart_owed(resource)
             and server is not None
             and os.path.exists(server.path)
         )
@@ -235,7 +266,7 @@ class KubeletLifecycle:
                     continue
                 if self._registered_with.get(resource) not in (None, kubelet):
                     # A new kubelet: serve afresh, so nothing of the old one lingers.
-                    self._restart.add(resource)
+                    self._restart_since[resource] = time.monotonic_ns()
                 failed = not await self._serve_and_register(resource) or failed
             kubelet = kubelet_id(self.kubelet_dir)
             for resource in self.runtimes:
@@ -255,9 +286,8 @@ class KubeletLifecycle:
 
     async def _serve_and_register(self, resource: str) -> bool:
         current = self.servers.get(resource)
-        fresh = (resource in self._restart or current is None
+        fresh = (self._restart_owed(resource) or current is None
                  or not os.path.exists(current.path))
-        self._restart.discard(resource)
         # When only Register failed last time (no kubelet yet), the server is fine and
         # nobody has talked to it: keep it rather than churn the socket on every retry.
         if fresh and not await self._serve(resource):
@@ -269,10 +299,29 @@ class KubeletLifecycle:
             self._note_failure(resource, f"waiting for the kubelet: {kubelet_path} does not "
                                          "exist")
             return False
+        if not os.path.exists(server.path):
+            # Removed while it was being served (a starting kubelet cleans the directory):
+            # the kubelet could not dial it, so serve again before registering.
+            return True
         started = time.monotonic_ns()
+        give_up = asyncio.Event()
+        self._inflight = (resource, before, give_up)
+        call = asyncio.create_task(register(self.kubelet_dir, os.path.basename(server.path),
+                                            resource, server.service.options()))
+        abandoned = asyncio.create_task(give_up.wait())
         try:
-            await register(self.kubelet_dir, os.path.basename(server.path), resource,
-                           server.service.options())
+            await asyncio.wait([call, abandoned], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._inflight = None
+            abandoned.cancel()
+            # Not awaited: a call given up closes its channel as it unwinds, and a
+            # shutdown must not wait for it.
+            call.cancel()
+            call.add_done_callback(_retrieve)
+        if not call.done() or call.cancelled():
+            return True  # given up: the loop looks again at once
+        try:
+            call.result()
         except grpc.aio.AioRpcError as exc:
             self._note_failure(
                 resource, f"Register on {kubelet_path} failed: {exc.code().name}: "
@@ -312,12 +361,14 @@ class KubeletLifecycle:
             on_allocate=on_allocate,
         )
         server = PoolServer(service, self.kubelet_dir)
+        served = time.monotonic_ns()
         try:
             await server.start()
         except (OSError, RuntimeError) as exc:
             self._note_failure(resource, f"cannot serve on {server.path}: {exc}")
             return False
         self.servers[resource] = server
+        self._served_at[resource] = served
         return True
 
     def _note_failure(self, resource: str, message: str) -> None:
@@ -350,10 +401,14 @@ class KubeletLifecycle:
                         elif name in ours and not created:
                             resource = ours[name]
                             server = self.servers.get(resource)
-                            # Our own restarts delete and re-create the file, and a pool
-                            # that is not registered is being retried anyway: only a
-                            # registered pool whose socket is gone now needs a restart.
-                            if (self.registered[resource] and server is not None
+                            # Our own restarts delete and re-create the file, so only a
+                            # socket that is gone now counts, and only for a pool that is
+                            # registered or registering (one being retried serves afresh
+                            # anyway).
+                            registering = (self._inflight is not None
+                                           and self._inflight[0] == resource)
+                            if ((self.registered[resource] or registering)
+                                    and server is not None
                                     and not os.path.exists(server.path)):
                                 self.request(resource, f"our socket {name} was removed")
             except OSError as exc:
