@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
@@ -15,6 +18,39 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
     for t in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await t
+
+
+async def unless(work: Awaitable[T], stop: Awaitable[object]) -> asyncio.Future[T] | None:
+    """Await ``work`` unless ``stop`` finishes first.
+
+    Returns ``work``'s finished future (its result or error is the caller's to take),
+    or None when ``stop`` came first. The loser is cancelled but not awaited: a caller
+    that has moved on, or is being cancelled itself, must not wait for it to unwind.
+    """
+    w = asyncio.ensure_future(work)
+    s = asyncio.ensure_future(stop)
+    try:
+        await asyncio.wait({w, s}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        _drop(w)
+        _drop(s)
+        raise
+    _drop(s)
+    if w.done():
+        return w
+    _drop(w)
+    return None
+
+
+def _drop(future: asyncio.Future[Any]) -> None:
+    future.cancel()  # a no-op once it is done
+    future.add_done_callback(_collect)
+
+
+def _collect(future: asyncio.Future[Any]) -> None:
+    """Take the outcome of a future nobody awaits, so asyncio does not report it as lost."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:

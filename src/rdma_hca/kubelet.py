@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 
 from ._proto import api_pb2, api_pb2_grpc
-from .aio import cancel_all
+from .aio import cancel_all, unless
 from .plugin import DevicePluginService
 from .runtime import PoolRuntime
 
@@ -72,12 +72,6 @@ async def register(kubelet_dir: str, endpoint: str, resource_name: str,
                                     resource_name=resource_name, options=options),
             timeout=timeout,
         )
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    """Take the outcome of a call nobody awaits, so asyncio does not report it as lost."""
-    if not task.cancelled():
-        task.exception()
 
 
 class PoolServer:
@@ -199,6 +193,9 @@ class KubeletLifecycle:
     def _restart_owed(self, resource: str) -> bool:
         return self._restart_since.get(resource, -1) >= self._served_at.get(resource, 0)
 
+    def _registering(self, resource: str) -> bool:
+        return self._inflight is not None and self._inflight[0] == resource
+
     def _abandon_register(self, resource: str, reason: str) -> None:
         """Give up a Register in flight that can no longer succeed.
 
@@ -206,7 +203,7 @@ class KubeletLifecycle:
         that socket was just removed, or another kubelet took over kubelet.sock, waiting
         would only delay the registration that works.
         """
-        if self._inflight is not None and self._inflight[0] == resource:
+        if self._inflight is not None and self._registering(resource):
             if not self._inflight[2].is_set():
                 log.info("%s: giving up the Register call in flight: %s", resource, reason)
             self._inflight[2].set()
@@ -306,19 +303,13 @@ class KubeletLifecycle:
         started = time.monotonic_ns()
         give_up = asyncio.Event()
         self._inflight = (resource, before, give_up)
-        call = asyncio.create_task(register(self.kubelet_dir, os.path.basename(server.path),
-                                            resource, server.service.options()))
-        abandoned = asyncio.create_task(give_up.wait())
         try:
-            await asyncio.wait([call, abandoned], return_when=asyncio.FIRST_COMPLETED)
+            call = await unless(register(self.kubelet_dir, os.path.basename(server.path),
+                                         resource, server.service.options()),
+                                give_up.wait())
         finally:
             self._inflight = None
-            abandoned.cancel()
-            # Not awaited: a call given up closes its channel as it unwinds, and a
-            # shutdown must not wait for it.
-            call.cancel()
-            call.add_done_callback(_retrieve)
-        if not call.done() or call.cancelled():
+        if call is None:
             return True  # given up: the loop looks again at once
         try:
             call.result()
@@ -405,9 +396,7 @@ class KubeletLifecycle:
                             # socket that is gone now counts, and only for a pool that is
                             # registered or registering (one being retried serves afresh
                             # anyway).
-                            registering = (self._inflight is not None
-                                           and self._inflight[0] == resource)
-                            if ((self.registered[resource] or registering)
+                            if ((self.registered[resource] or self._registering(resource))
                                     and server is not None
                                     and not os.path.exists(server.path)):
                                 self.request(resource, f"our socket {name} was removed")

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc
 
 from ._proto import api_pb2, api_pb2_grpc
+from .aio import unless
 from .config import Mode
 from .pool import DeviceInfo, UnknownDeviceIds
 from .runtime import PoolRuntime
@@ -84,12 +85,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             seen = state.generation
             yield to_proto(state.devices)
             while not self._stopped.is_set():
-                newer = asyncio.ensure_future(state.wait_newer(seen, timeout=resend))
-                stopped = asyncio.ensure_future(self._stopped.wait())
-                await asyncio.wait({newer, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                for t in (newer, stopped):
-                    t.cancel()
-                if self._stopped.is_set():
+                newer = await unless(state.wait_newer(seen, timeout=resend),
+                                     self._stopped.wait())
+                if newer is None or self._stopped.is_set():
                     return
                 seen = newer.result()
                 # A new generation, or the resend interval passed: send the whole list,
