@@ -203,10 +203,11 @@ class KubeletLifecycle:
         that socket was just removed, or another kubelet took over kubelet.sock, waiting
         would only delay the registration that works.
         """
-        if self._inflight is not None and self._registering(resource):
-            if not self._inflight[2].is_set():
-                log.info("%s: giving up the Register call in flight: %s", resource, reason)
-            self._inflight[2].set()
+        inflight = self._inflight
+        if inflight is None or inflight[0] != resource or inflight[2].is_set():
+            return
+        log.info("%s: giving up the Register call in flight: %s", resource, reason)
+        inflight[2].set()
 
     def _current(self, resource: str, kubelet: KubeletId | None) -> bool:
         """Registered with the kubelet behind ``kubelet`` and nothing owed since."""
