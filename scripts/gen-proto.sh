@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates the committed Python code for src/rdma_hca/_proto/api.proto.
+# Regenerates the committed Python code for src/rdma_hca/daemon/_proto/api.proto.
 # Usage: scripts/gen-proto.sh [OUTDIR]   (default: the package directory itself;
 # the staleness test passes a temporary directory and compares).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-proto_dir="$here/src/rdma_hca/_proto"
+proto_dir="$here/src/rdma_hca/daemon/_proto"
 out=${1:-$proto_dir}
 python=${PYTHON:-python3}
 # protoc finds the mypy plugins on PATH, next to the interpreter that has them.

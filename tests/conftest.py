@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.sim import nodes as sim
-from rdma_hca.sim.kubelet import KubeletEmulator
+from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 
 
 @pytest.fixture

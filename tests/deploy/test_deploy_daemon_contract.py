@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from deploy_support import RenderFn
 
-from rdma_hca.cli import build_parser, settings_from_args
-from rdma_hca.config import Settings
+from rdma_hca.daemon.config import Settings
+from rdma_hca.tools.cli import build_parser, settings_from_args
 
 CONFIG_PATH = "/etc/rdma-hca/config.yaml"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from deploy_support import REPO
 
-from rdma_hca.sim.nodes import gpu_node
+from rdma_hca.devkit.sim.nodes import gpu_node
 
 
 def run(*cmd: str | Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:

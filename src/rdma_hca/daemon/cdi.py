@@ -1,0 +1,84 @@
+"""The CDI spec that describes the node's HCAs to the container runtime.
+
+With CDI on, Allocate names devices (``rdma-hca.io/hca=mlx5_0``) instead of listing
+device nodes, and the runtime reads what each name means from this file. The
+file must therefore always describe the HCAs the plugin currently advertises:
+it is rewritten whenever discovery changes, atomically (write, fsync, rename), so a
+runtime never reads half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+from rdma_hca.daemon.pool import CDI_VENDOR_CLASS, cdi_name
+from rdma_hca.node.model import CharDevice, Hca
+
+log = logging.getLogger("rdma_hca.cdi")
+
+# The lowest spec version that has every field written here; runtimes refuse a
+# spec whose version is newer than they know, so a low version loads everywhere.
+CDI_VERSION = "0.6.0"
+SPEC_FILE = CDI_VENDOR_CLASS.replace("/", "-") + ".json"
+ALL_DEVICE = "all"
+
+
+def _node(dev: CharDevice) -> dict[str, str]:
+    return {"path": dev.path, "hostPath": dev.path, "permissions": "rw"}
+
+
+def build_spec(hcas: Iterable[Hca], rdma_cm: CharDevice | None) -> dict[str, Any]:
+    usable = [h for h in hcas if h.usable]
+    devices: list[dict[str, Any]] = [
+        {
+            "name": cdi_name(h.name),
+            "containerEdits": {"deviceNodes": [_node(d) for d in h.device_nodes()]},
+        }
+        for h in usable
+    ]
+    devices.append({
+        "name": ALL_DEVICE,
+        "containerEdits": {
+            "deviceNodes": [_node(d) for h in usable for d in h.device_nodes()],
+            "env": ["RDMA_HCA_DEVICES=" + ",".join(h.name for h in usable)],
+        },
+    })
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_VENDOR_CLASS,
+                            "devices": devices}
+    if rdma_cm is not None:
+        # Every RDMA container needs rdma_cm, whichever HCAs it gets.
+        spec["containerEdits"] = {"deviceNodes": [_node(rdma_cm)]}
+    return spec
+
+
+def write_spec(spec_dir: str, spec: dict[str, Any]) -> bool:
+    """Write the spec if it changed; returns True when the file was (re)written."""
+    os.makedirs(spec_dir, exist_ok=True)
+    path = os.path.join(spec_dir, SPEC_FILE)
+    data = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == data:
+                return False
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=spec_dir, prefix=".rdma-hca-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    log.info("CDI spec %s written: %d device(s)", path, len(spec["devices"]))
+    return True

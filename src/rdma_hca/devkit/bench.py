@@ -1,0 +1,646 @@
+"""``rdma-hca bench`` (``make bench``): the daemon's timing and footprint, side by side.
+
+One run measures, on simulated trees and against the kubelet emulator:
+
+1. start → registered, for ``rdma-hca serve`` as a process and for ``Daemon.start``;
+2. Allocate latency over the unix socket against a bare grpc.aio server process that
+   returns the same bytes (``bench_bare``);
+3. port down → the kubelet sees the devices Unhealthy, at two poll intervals;
+4. kubelet restart → registered again;
+5. discovery on large trees (8, 64, 256 HCAs × 2 ports × 256 GIDs);
+6. idle memory and CPU of the daemon process against the bare server process.
+
+The figures go to ``BENCHMARKS.md`` and ``benchmarks.json`` (see ``bench_report``). A
+measurement that fails is reported as missing, with the reason, and the others still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
+from rdma_hca.daemon.config import Settings
+from rdma_hca.daemon.kubelet import socket_name
+from rdma_hca.daemon.pool import shared_ids
+from rdma_hca.devkit.bench_bare import READY_LINE
+from rdma_hca.devkit.bench_procs import (
+    BenchError,
+    Child,
+    bare_argv,
+    cpu_percent,
+    free_tcp_port,
+    sample_process,
+    serve_argv,
+)
+from rdma_hca.devkit.bench_report import (
+    Figure,
+    Report,
+    Target,
+    machine_info,
+    median,
+    percentile,
+    render_console,
+    render_markdown,
+    report_json,
+)
+
+if TYPE_CHECKING:
+    from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
+
+RESOURCE = "rdma/hca"
+SLOTS = 1000
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+REGISTER_TIMEOUT = 30.0
+EVENT_TIMEOUT = 10.0
+_CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many times each thing is measured; --quick trades precision for time."""
+
+    start_runs: int
+    allocate_calls: int
+    allocate_warmup: int
+    allocate_blocks: int
+    flaps: int
+    restarts: int
+    settle_seconds: float
+    idle_seconds: float
+    discovery_runs: int
+    discovery_sizes: tuple[int, ...] = (8, 64, 256)
+
+
+FULL = Plan(start_runs=5, allocate_calls=2000, allocate_warmup=200, allocate_blocks=4,
+            flaps=10, restarts=10, settle_seconds=3.0, idle_seconds=10.0, discovery_runs=5)
+QUICK = Plan(start_runs=3, allocate_calls=500, allocate_warmup=100, allocate_blocks=2,
+             flaps=4, restarts=4, settle_seconds=1.0, idle_seconds=5.0, discovery_runs=3)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a row is, independent of whether its measurement succeeds."""
+
+    key: str
+    label: str
+    unit: str
+    target: Target | None = None
+    baseline_label: str = ""
+
+    def figure(self, ours: float, baseline: float | None = None, note: str = "") -> Figure:
+        return Figure(self.key, self.label, self.unit, ours, baseline,
+                      self.baseline_label if baseline is not None else "", self.target, note)
+
+    def failed(self, why: str) -> Figure:
+        return Figure(self.key, self.label, self.unit, None, None, "", self.target,
+                      f"not measured: {why}")
+
+
+_ONE_SECOND = Target(1000.0)
+START_SERVE = Spec("start_serve_ms", "start → registered, `rdma-hca serve` process (median)",
+                   "ms", baseline_label="bare grpc.aio process start → serving")
+START_INPROC = Spec("start_inprocess_ms", "start → registered, in-process `Daemon.start` (median)",
+                    "ms")
+ALLOC_P50 = Spec("allocate_p50_ms", "Allocate p50", "ms", Target(1.2, on_ratio=True), "bare")
+ALLOC_P99 = Spec("allocate_p99_ms", "Allocate p99", "ms", baseline_label="bare")
+# The daemon's own default, so the figure follows it if the default changes.
+DEFAULT_POLL = Settings().health_poll_seconds
+DOWN_MED = Spec("port_down_median_ms",
+                f"port down → Unhealthy, default poll {DEFAULT_POLL:g} s (median)", "ms",
+                _ONE_SECOND)
+DOWN_MAX = Spec("port_down_max_ms",
+                f"port down → Unhealthy, default poll {DEFAULT_POLL:g} s (max)", "ms",
+                _ONE_SECOND)
+DOWN_MED_FAST = Spec("port_down_fast_median_ms", "port down → Unhealthy, poll 0.25 s (median)",
+                     "ms", _ONE_SECOND)
+DOWN_MAX_FAST = Spec("port_down_fast_max_ms", "port down → Unhealthy, poll 0.25 s (max)", "ms",
+                     _ONE_SECOND)
+RESTART_MED = Spec("kubelet_restart_median_ms", "kubelet restart → registered (median)", "ms",
+                   _ONE_SECOND)
+RESTART_MAX = Spec("kubelet_restart_max_ms", "kubelet restart → registered (max)", "ms",
+                   _ONE_SECOND)
+IDLE_RSS = Spec("idle_rss_mib", "idle RSS", "MiB", Target(1.3, on_ratio=True), "bare")
+IDLE_CPU = Spec("idle_cpu_percent", "idle CPU (% of one core)", "%", Target(0.5), "bare")
+
+
+def discovery_spec(hcas: int) -> Spec:
+    target = Target(100.0) if hcas == 64 else None
+    return Spec(f"discovery_{hcas}_hcas_ms",
+                f"discover_node, {hcas} HCAs × 2 ports × 256 GIDs (median)", "ms", target,
+                "reading the GID files alone")
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def _pick_tree_base() -> tuple[str | None, str]:
+    """tmpfs for the trees when there is one: sysfs is in memory too, a disk would add noise."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm", "/dev/shm (tmpfs)"
+    return None, f"{tempfile.gettempdir()} (no writable /dev/shm)"
+
+
+class Bench:
+    """One benchmark run: a work directory, the emulator, the children, the figures."""
+
+    def __init__(self, plan: Plan, workdir: Path, log: Callable[[str], None]) -> None:
+        from rdma_hca.devkit.sim.kubelet import KubeletEmulator
+        from rdma_hca.devkit.sim.nodes import gpu_node
+
+        self.plan = plan
+        self.workdir = workdir
+        self.say = log
+        self.node = gpu_node(workdir / "node")
+        self.plugin_dir = workdir / "dp"
+        self.plugin_dir.mkdir()
+        self.kubelet = KubeletEmulator(self.plugin_dir)
+        self.children: list[Child] = []
+        self.figures: dict[str, Figure] = {}
+        self.details: dict[str, Any] = {}
+        self.rng = random.Random(20240611)
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    async def guarded(self, specs: Sequence[Spec], step: Callable[[], Awaitable[None]]) -> None:
+        """Run one step; if it fails, its rows say why instead of the whole run failing."""
+        try:
+            await step()
+        except Exception as exc:  # one broken step must not cost the other figures
+            why = str(exc).split("\n", 1)[0] or type(exc).__name__
+            self.say(f"  failed: {type(exc).__name__}: {exc}")
+            for spec in specs:
+                self.figures.setdefault(spec.key, spec.failed(why))
+
+    def put(self, figure: Figure) -> None:
+        self.figures[figure.key] = figure
+
+    async def spawn(self, child: Child) -> Child:
+        self.children.append(child)
+        await child.start()
+        return child
+
+    async def stop_child(self, child: Child) -> None:
+        await child.stop()
+        if child in self.children:
+            self.children.remove(child)
+
+    async def stop_all(self) -> None:
+        for child in list(self.children):
+            await self.stop_child(child)
+
+    def _registered_after(self, before: int) -> Callable[[], bool]:
+        k = self.kubelet
+
+        def registered() -> bool:
+            return k.registrations(RESOURCE) > before and k.allocatable(RESOURCE) == SLOTS
+
+        return registered
+
+    async def start_serve(self, tag: str, extra: Sequence[str] = ()) -> tuple[Child, float]:
+        """Start ``rdma-hca serve``; return it and seconds from spawn to registered with 1000."""
+        metrics = f"127.0.0.1:{free_tcp_port()}"
+        argv = serve_argv(str(self.node.sysfs_root), str(self.node.dev_root),
+                          str(self.plugin_dir), metrics, extra)
+        child = Child(f"rdma-hca serve ({tag})", argv, str(self.workdir / f"serve-{tag}.log"))
+        before = self.kubelet.registrations(RESOURCE)
+        started = time.perf_counter()
+        await self.spawn(child)
+        await child.race(self.kubelet.wait_for(self._registered_after(before), REGISTER_TIMEOUT),
+                         "waiting for it to register")
+        return child, time.perf_counter() - started
+
+    async def start_bare(self, tag: str, response_path: str) -> tuple[Child, str, float]:
+        sock = str(self.workdir / f"bare-{tag}.sock")
+        child = Child(f"bare server ({tag})", bare_argv(sock, response_path),
+                      str(self.workdir / f"bare-{tag}.log"), ready_line=READY_LINE)
+        started = time.perf_counter()
+        await self.spawn(child)
+        await child.wait_ready(REGISTER_TIMEOUT)
+        return child, sock, time.perf_counter() - started
+
+    # --- the run ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.kubelet.start()
+        try:
+            await self._run_steps()
+        finally:
+            await self.stop_all()
+            await self.kubelet.stop()
+
+    async def _run_steps(self) -> None:
+        response_path = str(self.workdir / "allocate-response.bin")
+        self.say("start → registered (in process)")
+        await self.guarded([START_INPROC], self.step_start_inprocess)
+        self.say("start → registered (rdma-hca serve processes, and bare processes)")
+        await self.guarded([START_SERVE], lambda: self.step_start_processes(response_path))
+        self.say("idle footprint, then Allocate latency, port flaps, kubelet restarts")
+        await self.guarded([IDLE_RSS, IDLE_CPU, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX,
+                            RESTART_MED, RESTART_MAX],
+                           lambda: self.step_long_lived(response_path))
+        self.say("port flaps with --health-poll-seconds 0.25")
+        await self.guarded([DOWN_MED_FAST, DOWN_MAX_FAST], self.step_fast_poll)
+        for size in self.plan.discovery_sizes:
+            self.say(f"discovery on {size} HCAs × 2 ports × 256 GIDs")
+            await self.guarded([discovery_spec(size)], self._discovery_step(size))
+
+    # --- 1. start-up ---------------------------------------------------------------------
+
+    async def step_start_inprocess(self) -> None:
+        from rdma_hca.daemon.wiring import Daemon
+
+        settings = Settings(sysfs_root=str(self.node.sysfs_root),
+                            dev_root=str(self.node.dev_root),
+                            kubelet_dir=str(self.plugin_dir), metrics_address="")
+        times: list[float] = []
+        for _ in range(self.plan.start_runs):
+            before = self.kubelet.registrations(RESOURCE)
+            started = time.perf_counter()
+            daemon = Daemon(settings, netlink=False)
+            try:
+                await daemon.start()
+                await self.kubelet.wait_for(self._registered_after(before), REGISTER_TIMEOUT)
+                times.append(time.perf_counter() - started)
+            finally:
+                await daemon.stop()
+        self.details["start_inprocess_ms"] = [_ms(t) for t in times]
+        self.put(START_INPROC.figure(
+            _ms(median(times)),
+            note=f"median of {len(times)}: `Daemon(settings)` to the emulator holding a new "
+                 "registration with 1000 Healthy devices, in the benchmark's own event loop "
+                 "(no interpreter start, metrics off)."))
+
+    async def step_start_processes(self, response_path: str) -> None:
+        ours: list[float] = []
+        bare: list[float] = []
+        # Any valid response does for start-up; the real one is taken later from the daemon.
+        Path(response_path).write_bytes(api_pb2.AllocateResponse().SerializeToString())
+        for run in range(self.plan.start_runs):
+            child, took = await self.start_serve(f"start{run}")
+            ours.append(took)
+            await self.stop_child(child)
+            bare_child, _, took = await self.start_bare(f"start{run}", response_path)
+            bare.append(took)
+            await self.stop_child(bare_child)
+        self.details["start_serve_ms"] = [_ms(t) for t in ours]
+        self.details["start_bare_ms"] = [_ms(t) for t in bare]
+        self.put(START_SERVE.figure(
+            _ms(median(ours)), _ms(median(bare)),
+            note=f"median of {len(ours)}: from spawning `rdma-hca serve` to the "
+                 "emulator holding a new registration with 1000 Healthy devices (interpreter "
+                 "start and imports included). Baseline: spawning the bare grpc.aio server "
+                 "until it prints that it serves (it does not register)."))
+
+    # --- 2, 3, 4, 6. one long-lived daemon process ------------------------------------
+
+    async def step_long_lived(self, response_path: str) -> None:
+        serve, _ = await self.start_serve("main")
+        ours_sock = str(self.plugin_dir / socket_name(RESOURCE))
+        async with grpc.aio.insecure_channel("unix://" + ours_sock,
+                                             options=_CHANNEL_OPTIONS) as ours_ch:
+            ours_stub: DevicePluginAsyncStub = api_pb2_grpc.DevicePluginStub(ours_ch)
+            first = await serve.race(ours_stub.Allocate(_request(0)), "answering Allocate")
+            Path(response_path).write_bytes(first.SerializeToString())
+            bare, bare_sock, _ = await self.start_bare("main", response_path)
+            async with grpc.aio.insecure_channel("unix://" + bare_sock,
+                                                 options=_CHANNEL_OPTIONS) as bare_ch:
+                bare_stub: DevicePluginAsyncStub = api_pb2_grpc.DevicePluginStub(bare_ch)
+                echo = await bare_stub.Allocate(_request(0))
+                if echo.SerializeToString() != first.SerializeToString():
+                    raise BenchError("the bare server's Allocate response differs from the "
+                                     "daemon's; the comparison would not be fair")
+                await self.measure_idle(serve, bare)
+                await self.measure_allocate(serve, ours_stub, bare_stub)
+            await self.stop_child(bare)
+        await self.measure_flaps(serve, DEFAULT_POLL, DOWN_MED, DOWN_MAX, "poll_default")
+        await self.measure_restarts(serve)
+        await self.stop_child(serve)
+
+    async def measure_idle(self, serve: Child, bare: Child) -> None:
+        window = self.plan.idle_seconds
+        await asyncio.sleep(self.plan.settle_seconds)
+        pids = {"ours": serve.pid, "bare": bare.pid}
+        before = {k: sample_process(pid) for k, pid in pids.items()}
+        started = time.perf_counter()
+        await serve.race(asyncio.sleep(window), "idle")
+        elapsed = time.perf_counter() - started
+        after = {k: sample_process(pid) for k, pid in pids.items()}
+        rss = {k: s.rss_kib / 1024 for k, s in after.items()}
+        cpu = {k: cpu_percent(before[k], after[k], elapsed) for k in pids}
+        self.details["idle"] = {"window_s": round(elapsed, 3), "rss_mib": rss,
+                                "cpu_percent": cpu, "ticks_per_second": os.sysconf("SC_CLK_TCK")}
+        self.put(IDLE_RSS.figure(
+            rss["ours"], rss["bare"],
+            note="VmRSS from /proc/PID/status after the window below: `rdma-hca serve` "
+                 "registered and idle (default settings except paths; metrics on a free port; "
+                 "one Allocate answered) against the bare server process (one Allocate "
+                 "answered)."))
+        self.put(IDLE_CPU.figure(
+            cpu["ours"], cpu["bare"] if cpu["bare"] > 0 else None,
+            note=f"utime+stime from /proc/PID/stat over {elapsed:.1f} s, after "
+                 f"{self.plan.settle_seconds:g} s to settle; resolution is one clock tick "
+                 f"(1/{os.sysconf('SC_CLK_TCK')} s), so a bare server at 0 ticks shows no "
+                 "baseline."))
+
+    async def measure_allocate(self, serve: Child,
+                               ours: DevicePluginAsyncStub,
+                               bare: DevicePluginAsyncStub) -> None:
+        plan = self.plan
+        samples: dict[str, list[float]] = {"ours": [], "bare": []}
+        stubs = {"ours": ours, "bare": bare}
+        for name, stub in stubs.items():
+            await serve.race(_allocate_loop(stub, plan.allocate_warmup, []), f"warm-up ({name})")
+        # Alternate blocks so a drift in the machine's load hits both sides alike.
+        per_block = max(1, plan.allocate_calls // plan.allocate_blocks)
+        for block in range(plan.allocate_blocks):
+            order = ["ours", "bare"] if block % 2 == 0 else ["bare", "ours"]
+            for name in order:
+                await serve.race(_allocate_loop(stubs[name], per_block, samples[name]),
+                                 f"Allocate ({name})")
+        p50 = {k: _ms(percentile(v, 50)) for k, v in samples.items()}
+        p99 = {k: _ms(percentile(v, 99)) for k, v in samples.items()}
+        self.details["allocate"] = {"calls_each": len(samples["ours"]), "p50_ms": p50,
+                                    "p99_ms": p99,
+                                    "mean_ms": {k: _ms(sum(v) / len(v))
+                                                for k, v in samples.items()}}
+        how = (f"{len(samples['ours'])} sequential calls each after {plan.allocate_warmup} "
+               f"warm-up calls, in {plan.allocate_blocks} alternating blocks, one container "
+               "asking one ID, timed around the client call over the unix socket (the "
+               "kubelet's side). Both servers are processes of their own and send the same "
+               "response bytes.")
+        self.put(ALLOC_P50.figure(p50["ours"], p50["bare"], note=how))
+        self.put(ALLOC_P99.figure(p99["ours"], p99["bare"]))
+
+    async def measure_flaps(self, serve: Child, poll: float, med: Spec, worst: Spec,
+                            tag: str) -> None:
+        k = self.kubelet
+        hcas = self.node.hca_names
+        down: list[float] = []
+        up: list[float] = []
+        for n in range(self.plan.flaps):
+            hca = hcas[n % len(hcas)]
+            # A random phase against the poll tick: flapping right after a tick would
+            # always measure the worst case, right before one always the best.
+            await asyncio.sleep(self.rng.uniform(0.0, poll))
+            started = time.perf_counter()
+            self.node.set_port(hca, 1, up=False)
+            await serve.race(k.wait_for(lambda: k.allocatable(RESOURCE) == 0, EVENT_TIMEOUT),
+                             f"waiting for {hca} down to show")
+            down.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            self.node.set_port(hca, 1, up=True)
+            await serve.race(k.wait_for(lambda: k.allocatable(RESOURCE) == SLOTS, EVENT_TIMEOUT),
+                             f"waiting for {hca} up to show")
+            up.append(time.perf_counter() - started)
+        self.details[f"port_flaps_{tag}"] = {"down_ms": [_ms(t) for t in down],
+                                             "up_ms": [_ms(t) for t in up]}
+        note = (f"{len(down)} flaps over the node's HCAs, each after a random wait of 0 to "
+                f"{poll:g} s: `SimNode.set_port(up=False)` until the emulator's allocatable is "
+                "0. Netlink sees no events for simulated netdevs, so this is the poll path; "
+                f"port up → Healthy again: median {_ms(median(up)):.0f} ms, "
+                f"max {_ms(max(up)):.0f} ms.")
+        self.put(med.figure(_ms(median(down)), note=note))
+        self.put(worst.figure(_ms(max(down))))
+
+    async def measure_restarts(self, serve: Child) -> None:
+        k = self.kubelet
+        total: list[float] = []
+        after_listen: list[float] = []
+        registrations: list[int] = []
+        for _ in range(self.plan.restarts):
+            before = k.registrations(RESOURCE)
+            started = time.perf_counter()
+            await k.restart()
+            listening = time.perf_counter()
+            await serve.race(k.wait_for(self._registered_after(before), EVENT_TIMEOUT),
+                             "waiting for it to register again")
+            done = time.perf_counter()
+            total.append(done - started)
+            after_listen.append(done - listening)
+            # Let late triggers (a deleted socket noticed after the new registration) land,
+            # then count how many registrations the restart cost.
+            await asyncio.sleep(0.3 + self.rng.uniform(0.0, 0.2))
+            await serve.race(k.wait_for(lambda: k.allocatable(RESOURCE) == SLOTS, EVENT_TIMEOUT),
+                             "settling after a restart")
+            registrations.append(k.registrations(RESOURCE) - before)
+        self.details["kubelet_restarts"] = {
+            "from_restart_call_ms": [_ms(t) for t in total],
+            "from_listening_ms": [_ms(t) for t in after_listen],
+            "registrations_per_restart": registrations,
+        }
+        self.put(RESTART_MED.figure(
+            _ms(median(total)),
+            note=f"{len(total)} restarts: from calling `KubeletEmulator.restart()` (stop, "
+                 "remove the sockets, listen again) until a new registration with 1000 Healthy "
+                 f"devices; from the new kubelet.sock listening: median "
+                 f"{_ms(median(after_listen)):.0f} ms. Registrations per restart: "
+                 f"{', '.join(map(str, registrations))}."))
+        self.put(RESTART_MAX.figure(_ms(max(total))))
+
+    async def step_fast_poll(self) -> None:
+        serve, _ = await self.start_serve("poll025", ["--health-poll-seconds", "0.25"])
+        await self.measure_flaps(serve, 0.25, DOWN_MED_FAST, DOWN_MAX_FAST, "poll_0_25s")
+        await self.stop_child(serve)
+
+    # --- 5. discovery ------------------------------------------------------------------------
+
+    def _discovery_step(self, hcas: int) -> Callable[[], Awaitable[None]]:
+        async def step() -> None:
+            await self.step_discovery(hcas)
+
+        return step
+
+    async def step_discovery(self, hcas: int) -> None:
+        from rdma_hca.devkit.sim.nodes import build_node
+        from rdma_hca.node.sysfs import discover_node
+
+        spec = discovery_spec(hcas)
+        root = self.workdir / f"discovery-{hcas}"
+        built = time.perf_counter()
+        node = await asyncio.to_thread(build_node, root, two_port_hcas(hcas))
+        build_seconds = time.perf_counter() - built
+        try:
+            gid_files = _gid_files(str(node.sysfs_root))
+            times: list[float] = []
+            floor: list[float] = []
+            for _ in range(self.plan.discovery_runs):
+                started = time.perf_counter()
+                inventory = discover_node(node.sysfs_root, node.dev_root)
+                times.append(time.perf_counter() - started)
+                floor.append(_read_all(gid_files))
+                # Let the emulator's loop breathe between runs.
+                await asyncio.sleep(0)
+            found = [h for h in inventory.hcas if len(h.ports) == 2]
+            if len(found) != hcas:
+                raise BenchError(f"discovery found {len(found)} two-port HCAs of {hcas} built "
+                                 f"under {root}")
+        finally:
+            await asyncio.to_thread(shutil.rmtree, root, True)
+        self.details[spec.key] = {"runs_ms": [_ms(t) for t in times],
+                                  "read_gid_files_ms": [_ms(t) for t in floor],
+                                  "gid_files": len(gid_files),
+                                  "tree_build_s": round(build_seconds, 2)}
+        self.put(spec.figure(
+            _ms(median(times)), _ms(median(floor)),
+            note=f"median of {len(times)} `discover_node` calls (first, cold: "
+                 f"{_ms(times[0]):.0f} ms) on a tree built with `build_node`. Baseline: "
+                 f"`os.open`/`os.read`/`os.close` of the {len(gid_files)} GID files alone, "
+                 "the least any discovery that reads every GID entry must spend."))
+
+
+def two_port_hcas(count: int) -> list[Any]:
+    """ConnectX-7-like HCAs with two RoCE v2 ports of 256 GIDs each, one netdev per port."""
+    from rdma_hca.devkit.sim.nodes import HcaSpec, PortSpec
+
+    specs = []
+    for i in range(count):
+        ports = tuple(
+            PortSpec(netdev=f"eth{2 * i + p}", ipv4=f"10.{(2 * i + p) // 256}.{(2 * i + p) % 256}"
+                     ".11", gid_table_size=256)
+            for p in range(2)
+        )
+        specs.append(HcaSpec(
+            name=f"mlx5_{i}",
+            pci_address=f"{i // 100:04x}:{0x0C + 2 * (i % 100):02x}:00.0",
+            device="0x1021",
+            numa_node=(i * 2) // count,
+            node_guid=":".join(f"{0xB8599F0300D43C22 + 0x100 * i:016x}"[j:j + 4]
+                               for j in range(0, 16, 4)),
+            ports=ports,
+            uverbs_index=i,
+        ))
+    return specs
+
+
+def _gid_files(sysfs_root: str) -> list[str]:
+    """Every GID entry of every port, reached through the class links as discovery does."""
+    base = os.path.join(sysfs_root, "class", "infiniband")
+    files = []
+    for hca in sorted(os.listdir(base)):
+        ports = os.path.join(base, hca, "ports")
+        for port in sorted(os.listdir(ports)):
+            gids = os.path.join(ports, port, "gids")
+            files += [os.path.join(gids, g) for g in os.listdir(gids)]
+    return files
+
+
+def _read_all(paths: Sequence[str]) -> float:
+    """Seconds to open, read and close each file: the syscall floor of reading GID tables."""
+    opener, reader, closer = os.open, os.read, os.close
+    flags = os.O_RDONLY
+    started = time.perf_counter()
+    for path in paths:
+        fd = opener(path, flags)
+        try:
+            reader(fd, 64)
+        finally:
+            closer(fd)
+    return time.perf_counter() - started
+
+
+_IDS = shared_ids(SLOTS)
+
+
+def _request(n: int) -> api_pb2.AllocateRequest:
+    """One container asking one slot, cycling through the IDs as successive pods would."""
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[_IDS[n % SLOTS]])])
+
+
+async def _allocate_loop(stub: DevicePluginAsyncStub, calls: int,
+                         samples: list[float]) -> None:
+    requests = [_request(n) for n in range(calls)]
+    clock = time.perf_counter
+    for request in requests:
+        started = clock()
+        await stub.Allocate(request)
+        samples.append(clock() - started)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+ORDER = [START_SERVE, START_INPROC, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX, DOWN_MED_FAST,
+         DOWN_MAX_FAST, RESTART_MED, RESTART_MAX]
+
+
+def _ordered(figures: dict[str, Figure], sizes: Sequence[int], missing: str) -> list[Figure]:
+    specs = [*ORDER, *(discovery_spec(n) for n in sizes), IDLE_RSS, IDLE_CPU]
+    return [figures.get(s.key) or s.failed(missing) for s in specs]
+
+
+def _write(out_dir: str, report: Report) -> tuple[str, str]:
+    import json
+
+    md_path = os.path.join(out_dir, "BENCHMARKS.md")
+    json_path = os.path.join(out_dir, "benchmarks.json")
+    with open(md_path, "w", encoding="utf-8") as fh:
+        fh.write(render_markdown(report))
+    with open(json_path, "w", encoding="utf-8") as fh:
+        json.dump(report_json(report), fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+    return md_path, json_path
+
+
+def run_bench(out_dir: str, quick: bool) -> int:
+    """Run every measurement, write BENCHMARKS.md and benchmarks.json to ``out_dir``.
+
+    Returns 0 when every figure was measured (targets missed are reported, not errors),
+    1 when some measurement failed, 2 when ``out_dir`` is unusable.
+    """
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        print(f"rdma-hca bench: --out-dir {out_dir!r} is not a writable directory; create it "
+              "or pass another", file=sys.stderr)
+        return EXIT_USAGE
+    plan = QUICK if quick else FULL
+    base, where = _pick_tree_base()
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    machine = machine_info(where)
+    workdir = Path(tempfile.mkdtemp(prefix="rdma-hca-bench-", dir=base))
+    started = time.perf_counter()
+    figures: dict[str, Figure] = {}
+    details: dict[str, Any] = {}
+    stopped = "the run stopped before this step"
+    try:
+        say(f"building a simulated GPU node under {workdir}")
+        bench = Bench(plan, workdir, say)
+        figures, details = bench.figures, bench.details
+        asyncio.run(bench.run())
+    except KeyboardInterrupt:
+        print("rdma-hca bench: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # e.g. no room for the trees, or the emulator cannot listen
+        stopped = f"the run stopped: {type(exc).__name__}: {exc}"
+        print(f"rdma-hca bench: {stopped}", file=sys.stderr)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(workdir)
+    report = Report(_ordered(figures, plan.discovery_sizes, stopped), machine, quick,
+                    time.perf_counter() - started, details)
+    md_path, json_path = _write(out_dir, report)
+    print(render_console(report.figures))
+    print(f"\nwrote {md_path} and {json_path}")
+    failed = report.failures()
+    if failed:
+        print(f"rdma-hca bench: {len(failed)} figure(s) not measured: "
+              + ", ".join(f.key for f in failed), file=sys.stderr)
+        return EXIT_FAILED
+    return 0

@@ -1,0 +1,31 @@
+"""Simulated machines for tests, the demo and benchmarks.
+
+Nothing here is imported by the daemon's serving path: these modules only write
+trees shaped like a real node's ``/sys`` and ``/dev`` so the real code can read them.
+"""
+
+from rdma_hca.devkit.sim.nodes import (
+    HcaSpec,
+    PortSpec,
+    SimNode,
+    broken_nodes,
+    build_node,
+    erdma_node,
+    gpu_node,
+    infiniband_node,
+    no_rdma_node,
+    soft_roce_node,
+)
+
+__all__ = [
+    "HcaSpec",
+    "PortSpec",
+    "SimNode",
+    "broken_nodes",
+    "build_node",
+    "erdma_node",
+    "gpu_node",
+    "infiniband_node",
+    "no_rdma_node",
+    "soft_roce_node",
+]

@@ -1,0 +1,283 @@
+"""``rdma-hca check``: from inside a workload's container, can this process use RDMA?
+
+It looks only at what the container itself sees: the device nodes the plugin handed over,
+the HCAs named in ``RDMA_HCA_DEVICES`` (set by the plugin's Allocate), the memlock limit,
+``CAP_IPC_LOCK`` and the size of ``/dev/shm``. Each of these, when wrong, makes verbs or
+NCCL fail later with an error that does not name the cause; here each gets a fix.
+
+Exit status: 0 when every check passes, 1 when one fails, 2 on bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TextIO
+
+from rdma_hca.node.model import Hca
+from rdma_hca.node.sysfs import discover_node
+from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
+from rdma_hca.tools.doctor.result import Check, parse_command
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+SUBJECT = "container"
+CAP_IPC_LOCK = 14
+MIN_SHM_BYTES = 1 << 30
+ENV_DEVICES = "RDMA_HCA_DEVICES"
+ASK_FOR_RESOURCE = "add resources.limits rdma/hca: 1 to this container"
+MEMLOCK_FIX = ("set memlock unlimited in the container runtime / add IPC_LOCK "
+               "(containerd/dockerd service: LimitMEMLOCK=infinity; docker run: "
+               "--ulimit memlock=-1)")
+IPC_LOCK_FIX = "add IPC_LOCK to securityContext.capabilities.add"
+SHM_FIX = ("mount an emptyDir with medium: Memory at /dev/shm (e.g. sizeLimit: 8Gi, as the "
+           "example Job does)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``check`` subcommand; its ``func`` returns the exit status."""
+    p = subparsers.add_parser(
+        "check",
+        help="inside a workload: check device nodes, HCAs, memlock, IPC_LOCK and /dev/shm",
+        description="Check, from inside a container that asked for rdma/hca, that RDMA can "
+        "work here. Exit 0: all checks pass; 1: a check fails; 2: bad flags.",
+    )
+    p.add_argument("--proc-root", default="/proc", help="where procfs is mounted")
+    p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
+    p.add_argument("--dev-root", default="/dev", help="where device nodes live")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
+        out: TextIO | None = None) -> int:
+    stream = out if out is not None else sys.stdout
+    checks = run_checks(
+        proc_root=Path(args.proc_root),
+        sysfs_root=Path(args.sysfs_root),
+        dev_root=Path(args.dev_root),
+        env=os.environ if env is None else env,
+    )
+    ok = all(c.ok for c in checks)
+    if args.json:
+        doc = {"ok": ok, "checks": checks_json(checks)}
+        stream.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    else:
+        stream.write(checks_text(checks) + "\n\n" + summary(checks) + "\n")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def run_checks(
+    *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str]
+) -> list[Check]:
+    """Every check, in the order a user should fix them."""
+    checks = device_node_checks(dev_root)
+    checks.extend(hca_checks(sysfs_root, dev_root, env))
+    checks.append(memlock_check(proc_root))
+    checks.append(ipc_lock_check(proc_root))
+    checks.append(shm_check(proc_root, dev_root))
+    return checks
+
+
+# ------------------------------------------------------------------------------ device nodes
+
+
+def _openable(path: Path) -> str | None:
+    """None when the node opens read-write (what verbs needs), else why it does not."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    return None
+
+
+def _device_check(path: Path, shown: str) -> Check:
+    if not path.exists():
+        return Check(SUBJECT, shown, False, "missing",
+                     f"{ASK_FOR_RESOURCE}; without hostNetwork: true the plugin must allow "
+                     "non-hostNetwork pods (nonHostNetwork: true)")
+    problem = _openable(path)
+    if problem is not None:
+        return Check(SUBJECT, shown, False, f"cannot be opened read-write ({problem})",
+                     "the device cgroup does not allow it: request rdma/hca (not a hostPath "
+                     "mount) so the plugin grants rw, or run the pod privileged")
+    return Check(SUBJECT, shown, True, "present, opens read-write")
+
+
+def device_node_checks(dev_root: Path) -> list[Check]:
+    """rdma_cm and every uverbs node the container has; verbs opens both read-write."""
+    ib = dev_root / "infiniband"
+    checks = [_device_check(ib / "rdma_cm", "/dev/infiniband/rdma_cm")]
+    try:
+        uverbs = sorted((p for p in ib.iterdir() if p.name.startswith("uverbs")),
+                        key=lambda p: (len(p.name), p.name))
+    except OSError:
+        uverbs = []
+    if not uverbs:
+        checks.append(Check(SUBJECT, "/dev/infiniband/uverbs*", False, "none in this container",
+                            ASK_FOR_RESOURCE))
+    checks.extend(_device_check(p, f"/dev/infiniband/{p.name}") for p in uverbs)
+    return checks
+
+
+# ------------------------------------------------------------------------------------- HCAs
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str]) -> list[Check]:
+    """Every HCA the plugin named must be visible here, have a port up and its device node."""
+    raw = env.get(ENV_DEVICES)
+    if raw is None:
+        return [Check(SUBJECT, ENV_DEVICES, False,
+                      "not set: this container did not ask for rdma/hca", ASK_FOR_RESOURCE)]
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        return [Check(SUBJECT, ENV_DEVICES, False,
+                      "empty: the plugin had no usable HCA to give when this pod started",
+                      "check the node: kubectl -n kube-system exec <plugin pod> -- "
+                      "rdma-hca doctor --node, then recreate this pod")]
+    # The daemon's own discovery, so "visible" means what the plugin would also see.
+    found = {h.name: h for h in discover_node(sysfs_root, dev_root).hcas}
+    return [_hca_check(found.get(name), name, sysfs_root) for name in names]
+
+
+def _hca_check(hca: Hca | None, name: str, sysfs_root: Path) -> Check:
+    title = f"HCA {name}"
+    if hca is None:
+        return Check(SUBJECT, title, False,
+                     f"not visible in {sysfs_root}/class/infiniband",
+                     "the kernel's RDMA netns mode is exclusive or the pod is not on the host "
+                     "network: use hostNetwork: true, or check the node with rdma-hca doctor "
+                     "--node")
+    shown = ", ".join(f"port {p.number} {p.state}/{p.phys_state}" for p in hca.ports)
+    shown = shown or "no ports"
+    missing = [n.path for n in hca.device_nodes() if not n.present]
+    if missing:
+        return Check(SUBJECT, title, False,
+                     f"{shown}, but its device node {', '.join(missing)} is not in this "
+                     "container", ASK_FOR_RESOURCE)
+    if hca.any_port_up:
+        return Check(SUBJECT, title, True, shown)
+    return Check(SUBJECT, title, False, f"no port up ({shown})",
+                 "check the cable and the switch port of this HCA (rdma-hca doctor --node "
+                 "on the node lists every port)")
+
+
+# --------------------------------------------------------------------- memlock, caps, shm
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def memlock_check(proc_root: Path) -> Check:
+    """The soft RLIMIT_MEMLOCK: registering memory with an HCA pins (locks) it."""
+    title = "memlock limit"
+    limits = proc_root / "self" / "limits"
+    text = _read(limits)
+    if text is None:
+        return Check(SUBJECT, title, False, f"cannot read {limits}",
+                     "mount /proc in the container (it always is, unless --proc-root is wrong)")
+    for line in text.splitlines():
+        if line.startswith("Max locked memory"):
+            fields = line[len("Max locked memory"):].split()
+            soft = fields[0] if fields else ""
+            if soft == "unlimited":
+                return Check(SUBJECT, title, True, "unlimited")
+            if soft.isdigit():
+                return Check(SUBJECT, title, False,
+                             f"{_human_bytes(int(soft))} (soft limit): too small to register "
+                             "RDMA buffers", MEMLOCK_FIX)
+            break
+    return Check(SUBJECT, title, False, f"no readable 'Max locked memory' line in {limits}",
+                 MEMLOCK_FIX)
+
+
+def ipc_lock_check(proc_root: Path) -> Check:
+    """CAP_IPC_LOCK in the effective set lets verbs pin memory beyond the memlock limit."""
+    title = "CAP_IPC_LOCK"
+    status = proc_root / "self" / "status"
+    text = _read(status)
+    cap_eff = None
+    for line in (text or "").splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                cap_eff = int(line.split(":", 1)[1].strip(), 16)
+            except ValueError:
+                cap_eff = None
+    if cap_eff is None:
+        return Check(SUBJECT, title, False, f"no readable CapEff line in {status}", IPC_LOCK_FIX)
+    if cap_eff >> CAP_IPC_LOCK & 1:
+        return Check(SUBJECT, title, True, "in the effective capabilities")
+    return Check(SUBJECT, title, False,
+                 f"not in the effective capabilities (CapEff {cap_eff:016x})", IPC_LOCK_FIX)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _size_option(options: str) -> int | None:
+    """Bytes of a tmpfs ``size=`` option (the kernel prints "65536k"; users write "8g")."""
+    for opt in options.split(","):
+        if opt.startswith("size="):
+            value = opt[5:].lower()
+            scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(value[-1:], 1)
+            digits = value[:-1] if scale != 1 else value
+            return int(digits) * scale if digits.isdigit() else None
+    return None
+
+
+def shm_mount(proc_root: Path) -> tuple[str, str] | None:
+    """``(fstype, super options)`` of the mount at /dev/shm; the last one shadows the others."""
+    text = _read(proc_root / "self" / "mountinfo")
+    found = None
+    for line in (text or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if sep and len(fields) >= 5 and len(tail) >= 3 and _unescape(fields[4]) == "/dev/shm":
+            found = (tail[0], tail[2])
+    return found
+
+
+def shm_check(proc_root: Path, dev_root: Path) -> Check:
+    """NCCL and MPI put their intra-node buffers in /dev/shm; Docker's default is 64M."""
+    title = "/dev/shm size"
+    mount = shm_mount(proc_root)
+    size = _size_option(mount[1]) if mount is not None and mount[0] == "tmpfs" else None
+    source = "mountinfo"
+    if size is None:
+        try:
+            st = os.statvfs(dev_root / "shm")
+        except OSError as exc:
+            return Check(SUBJECT, title, False, f"no /dev/shm ({exc.strerror})", SHM_FIX)
+        size, source = st.f_frsize * st.f_blocks, "statvfs"
+    if size < MIN_SHM_BYTES:
+        return Check(SUBJECT, title, False,
+                     f"{_human_bytes(size)} ({source}): below 1 GiB", SHM_FIX)
+    return Check(SUBJECT, title, True, f"{_human_bytes(size)} ({source})")
+
+
+def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
+    """``rdma-hca check ARGV...`` as a function: returns the exit status."""
+    args = parse_command("check", add_parser, argv)
+    if isinstance(args, int):
+        return args
+    return run(args, env=env)

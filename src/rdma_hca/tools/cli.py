@@ -1,0 +1,188 @@
+"""The ``rdma-hca`` command: wiring only; each subcommand's logic lives in its module."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from rdma_hca import __version__
+from rdma_hca.daemon.config import ConfigError, Settings, load_settings
+
+EXIT_USAGE = 2
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML config file (docs/configuration.md)")
+    p.add_argument("--sysfs-root", metavar="DIR", help="where sysfs is mounted (default /sys)")
+    p.add_argument("--dev-root", metavar="DIR", help="where /dev is mounted (default /dev)")
+    p.add_argument("--kubelet-dir", metavar="DIR",
+                   help="the kubelet's device-plugins directory "
+                        "(default /var/lib/kubelet/device-plugins)")
+    p.add_argument("--resource-name", help="extended resource name (default rdma/hca)")
+    p.add_argument("--rdma-hca-max", help="device IDs in shared mode, 1-100000 (default 1000)")
+    p.add_argument("--mode", help="shared (default) or exclusive")
+    p.add_argument("--unhealthy-when", help="any (default) or all")
+    p.add_argument("--non-host-network", action=argparse.BooleanOptionalAction, default=None,
+                   help="allow RDMA for non-hostNetwork pods (needs an IPv6 compute network)")
+    p.add_argument("--nccl-env", action=argparse.BooleanOptionalAction, default=None,
+                   help="set NCCL_IB_HCA to the allocated HCAs")
+    p.add_argument("--health-poll-seconds", help="port poll interval, seconds (default 0.5)")
+    p.add_argument("--resend-seconds", help="re-send the device list this often (default 30)")
+    p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz, /readyz "
+                                             "(default :9478; empty disables)")
+    p.add_argument("--log-format", help="text (default) or json")
+    p.add_argument("--log-level", help="debug, info (default), warning, error")
+    p.add_argument("--cdi", action=argparse.BooleanOptionalAction, default=None,
+                   help="return CDI device names from Allocate")
+    p.add_argument("--cdi-spec-dir", help="where the CDI spec is written (default /var/run/cdi)")
+
+
+_FLAG_KEYS = {
+    "sysfs_root": "sysfsRoot", "dev_root": "devRoot", "kubelet_dir": "kubeletDir",
+    "resource_name": "resourceName", "rdma_hca_max": "rdmaHcaMax", "mode": "mode",
+    "unhealthy_when": "unhealthyWhen", "non_host_network": "nonHostNetwork",
+    "nccl_env": "ncclEnv", "health_poll_seconds": "healthPollSeconds",
+    "resend_seconds": "resendSeconds", "metrics_address": "metricsAddress",
+    "log_format": "logFormat", "log_level": "logLevel", "cdi": "cdi.enabled",
+    "cdi_spec_dir": "cdi.specDir",
+}
+
+
+def settings_from_args(args: argparse.Namespace,
+                       env: Mapping[str, str] | None = None) -> Settings:
+    flags = {key: getattr(args, attr, None) for attr, key in _FLAG_KEYS.items()}
+    return load_settings(getattr(args, "config", None), os.environ if env is None else env, flags)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rdma_hca.daemon.wiring import Daemon
+    from rdma_hca.kit.logs import setup_logging
+
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        message = f"rdma-hca serve: config error: {exc}"
+        # Logging is not set up yet; honour a JSON log format asked for by flag or
+        # environment (the config file itself may be what is broken).
+        wanted = args.log_format or os.environ.get("RDMA_HCA_LOG_FORMAT", "")
+        if wanted.strip().lower() == "json":
+            message = json.dumps({"level": "error", "logger": "rdma_hca.daemon.config",
+                                  "message": message})
+        print(message, file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(settings.log_format.value, settings.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Daemon(settings).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from rdma_hca.node.sysfs import discover_node
+    from rdma_hca.tools.report import inventory_to_json, render_inventory
+
+    inventory = discover_node(args.sysfs_root, args.dev_root)
+    if args.json:
+        print(json.dumps(inventory_to_json(inventory), indent=2))
+    else:
+        print(render_inventory(inventory))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rdma_hca.devkit.sim import nodes
+
+    builders = {"gpu": nodes.gpu_node, "gpu-ipv6": lambda r: nodes.gpu_node(r, ipv6=True),
+                "infiniband": nodes.infiniband_node, "erdma": nodes.erdma_node,
+                "soft-roce": nodes.soft_roce_node, "no-rdma": nodes.no_rdma_node}
+    root = Path(args.dir)
+    if root.exists() and any(root.iterdir()):
+        print(f"rdma-hca simulate: {root} is not empty; give a new or empty directory",
+              file=sys.stderr)
+        return EXIT_USAGE
+    node = builders[args.kind](root)
+    print(f"--sysfs-root {node.sysfs_root} --dev-root {node.dev_root}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rdma_hca.devkit.demo import run_demo
+
+    return run_demo(verbose=args.verbose)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rdma_hca.devkit.bench import run_bench
+
+    return run_bench(out_dir=args.out_dir, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdma-hca",
+        description="Kubernetes device plugin offering the node's RDMA HCAs as rdma/hca.",
+    )
+    parser.add_argument("--version", action="version", version=f"rdma-hca {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the device plugin until SIGTERM or SIGINT")
+    _serve_flags(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    disc = sub.add_parser("discover", help="print the node's RDMA HCAs, ports and device nodes")
+    disc.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    disc.add_argument("--sysfs-root", default="/sys", metavar="DIR")
+    disc.add_argument("--dev-root", default="/dev", metavar="DIR")
+    disc.set_defaults(func=cmd_discover)
+
+    simulate = sub.add_parser("simulate", help="write a simulated node's sysfs and /dev trees "
+                                               "(to try discover, doctor --node, serve)")
+    simulate.add_argument("--kind", default="gpu",
+                          choices=["gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce",
+                                   "no-rdma"])
+    simulate.add_argument("dir", help="a new or empty directory")
+    simulate.set_defaults(func=cmd_simulate)
+
+    demo = sub.add_parser("demo", help="run the plugin on a simulated GPU node with a kubelet "
+                                       "emulator")
+    demo.add_argument("--verbose", action="store_true", help="also show the daemon's log")
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure start-up, Allocate, health and discovery")
+    bench.add_argument("--out-dir", default=".", metavar="DIR",
+                       help="where BENCHMARKS.md and benchmarks.json are written")
+    bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    bench.set_defaults(func=cmd_bench)
+
+    from rdma_hca.tools import check, doctor
+
+    doctor.add_parser(sub)
+    check.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""``rdma-hca doctor``: say what is wrong with RDMA in a cluster or on a node, and how to fix it.
+
+Without ``--node`` it asks the API server about the DaemonSet, its pods and every node's
+``rdma/hca`` count; with ``--node`` it inspects the local machine (HCAs, device nodes,
+kubelet sockets, netns mode, IPv6 GIDs, the plugin's readiness).
+
+Exit status: 0 when every check passes, 1 when one fails, 2 when the command cannot run
+(bad flags, no or broken kubeconfig, credentials refused, API server unreachable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from rdma_hca.tools.doctor import cluster, kubeapi, render
+from rdma_hca.tools.doctor.result import parse_command
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``doctor`` subcommand; its ``func`` returns the exit status."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="find out why RDMA does not work, cluster-wide or (--node) on this node",
+        description="Say what is wrong with RDMA in the cluster (default) or on this node "
+        "(--node), and how to fix it. Exit 0: all checks pass; 1: a check fails; "
+        "2: the command cannot run (flags, kubeconfig, credentials, API server).",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    cl = p.add_argument_group("cluster view")
+    cl.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
+                    "then the in-cluster service account)")
+    cl.add_argument("--context", help="kubeconfig context (default: current-context)")
+    cl.add_argument("--namespace", default="kube-system", help="namespace of the DaemonSet")
+    cl.add_argument("--name", default="ack-rdma-dp-ds", help="name of the DaemonSet")
+    cl.add_argument("--resource", default="rdma/hca", help="extended resource name to check")
+    cl.add_argument("--timeout", type=float, default=kubeapi.DEFAULT_TIMEOUT,
+                    help="seconds to wait for each API request")
+    nd = p.add_argument_group("node view")
+    nd.add_argument("--node", action="store_true", help="check this node instead of the cluster")
+    nd.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
+    nd.add_argument("--dev-root", default="/dev", help="where device nodes live")
+    nd.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
+                    help="the kubelet's device-plugins directory")
+    nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
+    nd.add_argument("--non-host-network", action="store_true", default=None,
+                    help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")
+    nd.add_argument("--readyz-url", default="http://127.0.0.1:9478/readyz",
+                    help="the plugin's readiness URL (200 = registered with the kubelet)")
+    p.set_defaults(func=run)
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    in_cluster_root: Path = Path("/"),
+    now: dt.datetime | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run the view the flags ask for; the keyword arguments exist so tests can pin the
+    environment, the home directory, the service-account root and the clock."""
+    stream = out if out is not None else sys.stdout
+    if args.node:
+        # Imported here: the node view needs discovery and config, the cluster view neither.
+        from rdma_hca.tools.doctor import node
+
+        return node.run(args, out=stream, env=env)
+    return run_cluster(
+        args,
+        env=os.environ if env is None else env,
+        home=Path.home() if home is None else home,
+        in_cluster_root=in_cluster_root,
+        now=now or dt.datetime.now(dt.UTC),
+        out=stream,
+    )
+
+
+def run_cluster(
+    args: argparse.Namespace,
+    *,
+    env: Mapping[str, str],
+    home: Path,
+    in_cluster_root: Path,
+    now: dt.datetime,
+    out: TextIO,
+) -> int:
+    if not _RESOURCE_NAME.match(args.resource):
+        return _fail(out, args.json, EXIT_USAGE,
+                     f"--resource {args.resource!r} is not an extended resource name: use "
+                     "DOMAIN/NAME such as rdma/hca")
+    if not args.timeout > 0:
+        return _fail(out, args.json, EXIT_USAGE, f"--timeout must be above 0, not {args.timeout}")
+    try:
+        creds = kubeapi.load_credentials(
+            kubeconfig=args.kubeconfig, context=args.context, env=env, home=home,
+            in_cluster_root=in_cluster_root,
+        )
+        client = kubeapi.KubeClient(creds, timeout=args.timeout)
+        data = cluster.fetch(client, args.namespace, args.name)
+    except (kubeapi.ConfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
+        return _fail(out, args.json, EXIT_USAGE, str(exc))
+    except kubeapi.KubeError as exc:
+        return _fail(out, args.json, EXIT_FAIL, str(exc))
+    report = cluster.evaluate(data, args.resource, now)
+    if args.json:
+        out.write(json.dumps(render.cluster_json(report), indent=2, ensure_ascii=False) + "\n")
+    else:
+        out.write(render.cluster_text(report))
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+def _fail(out: TextIO, as_json: bool, status: int, message: str) -> int:
+    """One line that says what is wrong; JSON callers get it as ``error``."""
+    if as_json:
+        doc: dict[str, Any] = {"ok": False, "error": message, "checks": []}
+        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    else:
+        print(f"rdma-hca doctor: {message}", file=sys.stderr)
+    return status
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    in_cluster_root: Path = Path("/"),
+    now: dt.datetime | None = None,
+) -> int:
+    """``rdma-hca doctor ARGV...`` as a function: returns the exit status, never raises
+    ``SystemExit`` (argparse's usage errors come back as 2)."""
+    args = parse_command("doctor", add_parser, argv)
+    if isinstance(args, int):
+        return args
+    return run(args, env=env, home=home, in_cluster_root=in_cluster_root, now=now)

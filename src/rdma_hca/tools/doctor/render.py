@@ -1,0 +1,100 @@
+"""Text and JSON output of the doctor reports.
+
+Tables are laid out as kubectl lays out ``kubectl get`` (columns left-aligned, three spaces
+between them, no trailing padding) so the DaemonSet line reads exactly like the one in the
+installation guide and can be compared by eye.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rdma_hca.tools.doctor.cluster import ClusterReport
+from rdma_hca.tools.doctor.result import Check
+
+OK, FAIL = "✓", "✗"
+# Subjects that need no "node X:" prefix: the whole cluster, this node, this container.
+_GLOBAL_SUBJECTS = frozenset({"cluster", "node", "container"})
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """Columns padded to the widest cell plus three spaces, like kubectl's tabwriter."""
+    all_rows = [list(headers), *(list(r) for r in rows)]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
+    lines = []
+    for r in all_rows:
+        cells = [cell.ljust(widths[i] + 3) for i, cell in enumerate(r[:-1])]
+        lines.append("".join(cells) + r[-1])
+    return "\n".join(lines)
+
+
+def mark(ok: bool | None) -> str:
+    return "-" if ok is None else (OK if ok else FAIL)
+
+
+def checks_text(checks: Sequence[Check]) -> str:
+    """One line per check, and an indented "how to fix" line under every failure."""
+    lines = []
+    for c in checks:
+        subject = "" if c.subject in _GLOBAL_SUBJECTS else f"node {c.subject}: "
+        lines.append(f"{mark(c.ok)} {subject}{c.name}: {c.detail}")
+        if not c.ok and c.fix:
+            lines.append(f"    how to fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def summary(checks: Sequence[Check]) -> str:
+    failed = sum(1 for c in checks if not c.ok)
+    if failed == 0:
+        return f"{OK} all {len(checks)} checks passed"
+    return f"{FAIL} {failed} of {len(checks)} checks failed"
+
+
+def cluster_text(report: ClusterReport) -> str:
+    parts: list[str] = []
+    if report.daemonset is not None:
+        d = report.daemonset
+        parts.append(table(
+            ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "NODE SELECTOR",
+             "AGE"],
+            [[d.name, str(d.desired), str(d.current), str(d.ready), str(d.up_to_date),
+              str(d.available), d.node_selector, d.age]],
+        ))
+    if report.nodes:
+        parts.append(table(
+            ["NODE", "PLUGIN POD", "POD READY", "CAPACITY", "ALLOCATABLE", "RDMA LABEL", "OK"],
+            [[n.name, n.pod or "<none>", mark(n.pod_ready), n.capacity or "<none>",
+              n.allocatable or "<none>", "yes" if n.rdma_labelled else "no", mark(n.ok)]
+             for n in report.nodes],
+        ))
+    parts.append(checks_text(report.checks))
+    parts.append(summary(report.checks))
+    return "\n\n".join(parts) + "\n"
+
+
+def camel(record: Any) -> dict[str, Any]:
+    """A dataclass as a JSON object with camelCase keys, the convention of Kubernetes JSON."""
+    def key(name: str) -> str:
+        head, *rest = name.split("_")
+        return head + "".join(part.title() for part in rest)
+
+    return {key(k): v for k, v in dataclasses.asdict(record).items()}
+
+
+def checks_json(checks: Sequence[Check]) -> list[dict[str, Any]]:
+    return [camel(c) for c in checks]
+
+
+def cluster_json(report: ClusterReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "namespace": report.namespace,
+        "daemonSet": camel(report.daemonset) if report.daemonset else None,
+        "daemonSetName": report.name,
+        "resource": report.resource,
+        "nodes": [camel(n) for n in report.nodes],
+        "checks": checks_json(report.checks),
+        "error": None,
+    }

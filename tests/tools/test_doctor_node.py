@@ -1,0 +1,258 @@
+"""``rdma-hca doctor --node`` on simulated nodes, real unix sockets and a real readyz server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, infiniband_node, no_rdma_node
+from rdma_hca.tools.doctor import main
+
+
+class _Readyz(ThreadingHTTPServer):
+    daemon_threads = True
+    status = 200
+    body = b"ok: registered rdma/hca\n"
+
+
+class _ReadyzHandler(BaseHTTPRequestHandler):
+    server: _Readyz
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+
+@pytest.fixture
+def readyz() -> Iterator[_Readyz]:
+    server = _Readyz(("127.0.0.1", 0), _ReadyzHandler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@dataclass
+class Host:
+    """A node as the doctor sees it: sim trees, a device-plugins dir with real sockets."""
+
+    node: SimNode
+    kubelet_dir: Path
+    readyz_url: str
+    sockets: list[socket.socket] = field(default_factory=list)
+
+    def listen(self, name: str) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(self.kubelet_dir / name))
+        s.listen()
+        self.sockets.append(s)
+
+    def doctor(self, *extra: str, env: dict[str, str] | None = None) -> int:
+        argv = ["--node", "--sysfs-root", str(self.node.sysfs_root), "--dev-root",
+                str(self.node.dev_root), "--kubelet-dir", str(self.kubelet_dir),
+                "--readyz-url", self.readyz_url, *extra]
+        return main(argv, env=env or {})
+
+
+@pytest.fixture
+def host(tmp_path: Path, readyz: _Readyz) -> Iterator[Host]:
+    """A healthy GPU node: kubelet and plugin sockets listening, the plugin registered."""
+    # Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer.
+    with tempfile.TemporaryDirectory(prefix="dp") as short:
+        h = Host(gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=8), Path(short),
+                 f"http://127.0.0.1:{readyz.server_address[1]}/readyz")
+        h.listen("kubelet.sock")
+        h.listen("rdma-hca-rdma-hca.sock")
+        yield h
+        for s in h.sockets:
+            s.close()
+
+
+def test_healthy_node_passes(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    assert host.doctor() == 0
+    out = capsys.readouterr().out
+    assert "✗" not in out
+    lines = out.splitlines()
+    assert lines[0].split() == ["HCA", "PORT", "LINK", "STATE", "LAYER", "RATE", "NETDEV",
+                                "DEVICE", "NODES", "NUMA"]
+    assert lines[1].split()[:7] == ["mlx5_0", "1", "up", "ACTIVE/LinkUp", "Ethernet", "400G",
+                                    "eth0"]
+    assert "✓ HCAs: 2 found: mlx5_0, mlx5_1" in out
+    assert "✓ rdma_cm: /dev/infiniband/rdma_cm" in out
+    assert "✓ kubelet socket:" in out
+    assert "rdma-hca-rdma-hca.sock" in out
+    assert "answered 200: ok: registered rdma/hca" in out
+    assert "✓ IPv6 for non-hostNetwork pods: not needed" in out
+
+
+def test_port_down(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    host.node.set_port("mlx5_1", 1, up=False)
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert "✗ HCA mlx5_1: no port up (port 1 DOWN/Disabled eth1)" in out
+    assert "ip link set eth1 up" in out
+    assert ["mlx5_1", "1", "down"] in [line.split()[:3] for line in out.splitlines()]
+
+
+def test_missing_device_node(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    name = host.node.uverbs_name("mlx5_0")
+    host.node.remove_dev_node(name)
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert f"✗ HCA mlx5_0 device nodes: missing under {host.node.dev_root}: " \
+           f"/dev/infiniband/{name}" in out
+    assert f"{name}(missing)" in out
+
+
+def test_missing_rdma_cm(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    host.node.remove_dev_node("rdma_cm")
+    assert host.doctor() == 1
+    assert "modprobe rdma_ucm" in capsys.readouterr().out
+
+
+def test_no_hcas(host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host.node = no_rdma_node(tmp_path / "plain")
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert "✗ HCAs: none under" in out
+    assert "modprobe mlx5_ib" in out
+
+
+def test_infiniband_node_is_exempt_from_ipv6(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.node = infiniband_node(tmp_path / "ib")
+    assert host.doctor("--non-host-network") == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "✓ IPv6 for non-hostNetwork pods: every RoCE HCA has" in out
+    assert "umad" in out  # IB ports need their umad nodes too
+
+
+def test_non_host_network_on_an_ipv4_network_fails(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert host.doctor("--non-host-network") == 1
+    out = capsys.readouterr().out
+    assert ("✗ IPv6 for non-hostNetwork pods: nonHostNetwork is on but these RoCE HCAs have "
+            "no RoCE v2 GID with a global IPv6 address: mlx5_0, mlx5_1") in out
+    assert "needs an IPv6 compute network" in out
+
+
+def test_non_host_network_on_ipv6_passes(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True, gid_table_size=8)
+    assert host.doctor("--non-host-network") == 0
+    assert "✓ IPv6 for non-hostNetwork pods: every RoCE HCA" in capsys.readouterr().out
+
+
+def test_non_host_network_read_from_config_file(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("resourceName: rdma/hca\nnonHostNetwork: true\n")
+    assert host.doctor("--config", str(config)) == 1
+    assert "nonHostNetwork is on" in capsys.readouterr().out
+    config.write_text("nonHostNetwork: false\n")
+    assert host.doctor("--config", str(config)) == 0
+
+
+def test_non_host_network_read_from_the_plugins_environment(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert host.doctor(env={"RDMA_HCA_NON_HOST_NETWORK": "true"}) == 1
+    assert "nonHostNetwork is on" in capsys.readouterr().out
+
+
+def test_bad_config_file_is_a_usage_error(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("nonHostNetwork: perhaps\n")
+    assert host.doctor("--config", str(config)) == 2
+    err = capsys.readouterr().err
+    assert "nonHostNetwork" in err
+    assert "perhaps" in err
+
+
+def test_exclusive_netns_with_non_host_network(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.node = gpu_node(tmp_path / "v6", hcas=2, bond=False, ipv6=True, gid_table_size=8)
+    host.node.set_netns_mode("exclusive")
+    assert host.doctor("--non-host-network") == 1
+    out = capsys.readouterr().out
+    assert "✗ RDMA netns mode: exclusive: HCAs are visible only in the host's" in out
+    assert "rdma system set netns shared" in out
+
+
+def test_exclusive_netns_is_fine_for_host_network_pods(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host.node.set_netns_mode("exclusive")
+    assert host.doctor() == 0
+    assert "✓ RDMA netns mode: exclusive (fine while only hostNetwork pods" in (
+        capsys.readouterr().out)
+
+
+def test_no_kubelet_socket(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    (host.kubelet_dir / "kubelet.sock").unlink()
+    (host.kubelet_dir / "kubelet.sock").write_text("")  # a plain file is not a socket
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert "kubelet.sock is not a socket" in out
+    assert "--kubelet-dir" in out
+
+
+def test_no_plugin_socket(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    (host.kubelet_dir / "rdma-hca-rdma-hca.sock").unlink()
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert "✗ plugin socket: no rdma-hca-*.sock socket in" in out
+    assert "kubectl -n kube-system logs ds/ack-rdma-dp-ds" in out
+
+
+def test_not_registered(host: Host, readyz: _Readyz, capsys: pytest.CaptureFixture[str]) -> None:
+    readyz.status, readyz.body = 503, b"not registered: kubelet.sock missing\n"
+    assert host.doctor() == 1
+    out = capsys.readouterr().out
+    assert "answered 503: not registered: kubelet.sock missing" in out
+    assert "has not registered with the kubelet" in out
+
+
+def test_readyz_unreachable(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host.readyz_url = f"http://127.0.0.1:{port}/readyz"
+    assert host.doctor() == 1
+    assert f"cannot reach http://127.0.0.1:{port}/readyz" in capsys.readouterr().out
+
+
+def test_json(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    host.node.set_port("mlx5_0", 1, up=False)
+    assert host.doctor("--json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False
+    assert doc["netnsMode"] == "shared"
+    hcas = {h["name"]: h for h in doc["hcas"]}
+    assert hcas["mlx5_0"]["ports"][0]["up"] is False
+    assert hcas["mlx5_1"]["ports"][0]["up"] is True
+    failed = [c["name"] for c in doc["checks"] if not c["ok"]]
+    assert failed == ["HCA mlx5_0"]
