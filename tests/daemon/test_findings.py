@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.daemon.config import Settings
-from rdma_hca.daemon.findings import ipv6_missing
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.nodes import (
     HcaSpec,
@@ -23,6 +22,7 @@ from rdma_hca.devkit.sim.nodes import (
     gpu_node,
     infiniband_node,
 )
+from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.node.sysfs import discover_node
 
 

@@ -11,29 +11,15 @@ never stop the daemon: hostNetwork pods keep working, and the operator is told o
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.runtime import PoolRuntime
-from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
+from rdma_hca.node.model import Hca, NodeInventory
+from rdma_hca.node.roce import ipv6_missing
 
 log = logging.getLogger("rdma_hca.node")
-
-
-def has_global_ipv6_roce_v2(hca: Hca) -> bool:
-    return any(
-        g.is_roce_v2 and g.kind is GidKind.GLOBAL_IPV6 for p in hca.ports for g in p.gids
-    )
-
-
-def is_roce(hca: Hca) -> bool:
-    return any(p.link_layer is LinkLayer.ETHERNET for p in hca.ports)
-
-
-def ipv6_missing(hcas: Iterable[Hca]) -> list[str]:
-    """RoCE HCAs without a RoCE v2 GID holding a global IPv6 address (IB is exempt)."""
-    return [h.name for h in hcas if is_roce(h) and not has_global_ipv6_roce_v2(h)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,19 +12,37 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rdma_hca.daemon.findings import ipv6_missing
+from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.node.sysfs import read_port_counters
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from rdma_hca.daemon.wiring import Daemon
+    from rdma_hca.daemon.allocations import AllocationStats
+    from rdma_hca.daemon.config import Settings
+    from rdma_hca.daemon.kubelet import KubeletLifecycle
+    from rdma_hca.daemon.runtime import PoolRuntime
+    from rdma_hca.node.model import NodeInventory
+
+
+class Daemon(Protocol):
+    """What the endpoints read of the daemon."""
+
+    settings: Settings
+    runtimes: list[PoolRuntime]
+    lifecycle: KubeletLifecycle
+    allocations: AllocationStats
+
+    @property
+    def inventory(self) -> NodeInventory | None: ...
+
+    def ready(self) -> bool: ...
 
 log = logging.getLogger("rdma_hca.metrics")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from rdma_hca.daemon.allocations import AllocationStats
 from rdma_hca.daemon.cdi import build_spec, write_spec
 from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.findings import NodeFindings, evaluate_node
@@ -32,19 +32,6 @@ def _describe(task: asyncio.Task[object]) -> str:
     frames = task.get_stack(limit=3)
     where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
     return f"{task.get_name()} at {where or '?'}"
-
-
-class AllocationStats:
-    """Allocate counts per result; each latency goes to the observers (the histogram)."""
-
-    def __init__(self) -> None:
-        self.total: dict[tuple[str, bool], int] = {}
-        self.observers: list[Callable[[str, float, bool], None]] = []
-
-    def observe(self, resource: str, seconds: float, ok: bool) -> None:
-        self.total[(resource, ok)] = self.total.get((resource, ok), 0) + 1
-        for obs in self.observers:
-            obs(resource, seconds, ok)
 
 
 class Daemon:

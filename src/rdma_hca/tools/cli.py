@@ -3,17 +3,42 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import json
 import os
-import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from rdma_hca import __version__
 from rdma_hca.daemon.config import ConfigError, Settings, load_settings
 
 EXIT_USAGE = 2
+# The kinds of simulated node `rdma-hca simulate` writes (the devkit builds them).
+SIM_KINDS = ("gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce", "no-rdma")
+
+
+class MissingCommand(Exception):
+    """A subcommand whose wing is not installed (the node image carries no devkit)."""
+
+
+def _command(name: str, module: str, attr: str) -> Any:
+    """Load a subcommand's entry by module name.
+
+    The CLI reaches the daemon and the devkit only through this table of names: the tools
+    wing imports neither, and the node image, which ships without the devkit, answers
+    ``rdma-hca demo`` with one line instead of an import traceback.
+    """
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            raise MissingCommand(
+                f"rdma-hca {name}: not in this installation ({module} is missing); "
+                "it is part of the development kit: run it from a source checkout "
+                "(`make demo`) or `pip install rdma-hca`") from None
+        raise
+    return getattr(mod, attr)
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -60,9 +85,6 @@ def settings_from_args(args: argparse.Namespace,
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rdma_hca.daemon.wiring import Daemon
-    from rdma_hca.kit.logs import setup_logging
-
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
@@ -75,17 +97,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   "message": message})
         print(message, file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(settings.log_format.value, settings.log_level)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await Daemon(settings).run(stop)
-
-    asyncio.run(main())
-    return 0
+    serve: Callable[[Settings], int] = _command("serve", "rdma_hca.daemon.main", "serve")
+    return serve(settings)
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -101,33 +114,19 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from rdma_hca.devkit.sim import nodes
-
-    builders = {"gpu": nodes.gpu_node, "gpu-ipv6": lambda r: nodes.gpu_node(r, ipv6=True),
-                "infiniband": nodes.infiniband_node, "erdma": nodes.erdma_node,
-                "soft-roce": nodes.soft_roce_node, "no-rdma": nodes.no_rdma_node}
-    root = Path(args.dir)
-    if root.exists() and any(root.iterdir()):
-        print(f"rdma-hca simulate: {root} is not empty; give a new or empty directory",
-              file=sys.stderr)
-        return EXIT_USAGE
-    node = builders[args.kind](root)
-    print(f"--sysfs-root {node.sysfs_root} --dev-root {node.dev_root}")
-    return 0
+    simulate: Callable[[str, str], int] = _command(
+        "simulate", "rdma_hca.devkit.commands", "simulate")
+    return simulate(args.kind, args.dir)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from rdma_hca.devkit.demo import run_demo
-
-    return run_demo(verbose=args.verbose)
+    demo: Callable[[bool], int] = _command("demo", "rdma_hca.devkit.commands", "demo")
+    return demo(args.verbose)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rdma_hca.devkit.bench import run_bench
-
-    return run_bench(out_dir=args.out_dir, quick=args.quick)
+    bench: Callable[[str, bool], int] = _command("bench", "rdma_hca.devkit.commands", "bench")
+    return bench(args.out_dir, args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,8 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser("simulate", help="write a simulated node's sysfs and /dev trees "
                                                "(to try discover, doctor --node, serve)")
     simulate.add_argument("--kind", default="gpu",
-                          choices=["gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce",
-                                   "no-rdma"])
+                          choices=SIM_KINDS)
     simulate.add_argument("dir", help="a new or empty directory")
     simulate.set_defaults(func=cmd_simulate)
 
@@ -180,7 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except MissingCommand as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
     return result
 
 

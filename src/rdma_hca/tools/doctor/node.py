@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rdma_hca.daemon.config import ConfigError, load_settings
-from rdma_hca.daemon.findings import ipv6_missing
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
+from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.node.sysfs import discover_node
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
