@@ -22,6 +22,7 @@ from typing import Any
 
 from rdma_hca.daemon.settings_decl import (
     BY_KEY,
+    OTHER_ENV,
     LINK_LAYERS,
     POOL_KEYS,
     SELECTOR_KEYS,
@@ -63,6 +64,8 @@ from rdma_hca.kit.text import closest
 from rdma_hca.node.model import Hca
 
 __all__ = [
+    "BY_KEY",
+    "OTHER_ENV",
     "DEFAULT_KUBELET_DIR",
     "DEFAULT_KUBELET_ROOT",
     "DEFAULT_METRICS_ADDRESS",
@@ -71,6 +74,8 @@ __all__ = [
     "ENV_PREFIX",
     "MAX_FILE_BYTES",
     "SETTINGS",
+    "Kind",
+    "Scope",
     "CdiConfig",
     "ConfigError",
     "DraConfig",
