@@ -37,6 +37,7 @@ from rdma_hca.daemon.settings_decl import (
     flag_values,
     known_env,
     top_file_keys,
+    with_docs_table,
 )
 from rdma_hca.daemon.settings_file import MAX_FILE_BYTES, read_config_file
 from rdma_hca.daemon.settings_model import (
@@ -98,6 +99,7 @@ __all__ = [
     "root_problem",
     "selected_hcas",
     "validate_resource_name",
+    "with_docs_table",
 ]
 
 validate_resource_name = resource_name_problem
