@@ -22,8 +22,8 @@ from typing import Any
 
 from rdma_hca.daemon.settings_decl import (
     BY_KEY,
-    OTHER_ENV,
     LINK_LAYERS,
+    OTHER_ENV,
     POOL_KEYS,
     SELECTOR_KEYS,
     SETTINGS,
@@ -66,7 +66,6 @@ from rdma_hca.node.model import Hca
 
 __all__ = [
     "BY_KEY",
-    "OTHER_ENV",
     "DEFAULT_KUBELET_DIR",
     "DEFAULT_KUBELET_ROOT",
     "DEFAULT_METRICS_ADDRESS",
@@ -74,17 +73,18 @@ __all__ = [
     "DEFAULT_RESOURCE_NAME",
     "ENV_PREFIX",
     "MAX_FILE_BYTES",
+    "OTHER_ENV",
     "SETTINGS",
-    "Kind",
-    "Scope",
     "CdiConfig",
     "ConfigError",
     "DraConfig",
     "HttpConfig",
+    "Kind",
     "LogFormat",
     "LogLevel",
     "Mode",
     "PoolConfig",
+    "Scope",
     "Selectors",
     "Setting",
     "Settings",
