@@ -120,7 +120,7 @@ def _choices(enum: type[StrEnum]) -> tuple[str, ...]:
 SETTINGS: tuple[Setting, ...] = (
     # --- what a pool offers (top-level values are defaults for every pool) ---------------
     _s("resourceName", Kind.RESOURCE_NAME, DEFAULT_RESOURCE_NAME,
-       "extended resource name pods ask for: domain/name, not in kubernetes.io",
+       "the extended resource name pods ask for",
        scope=Scope.POOL),
     _s("rdmaHcaMax", Kind.INT, DEFAULT_RDMA_HCA_MAX,
        "device IDs a shared pool advertises: how many pods may use its HCAs at once",
@@ -237,7 +237,9 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     for s in settings:
         if s.flag is None:
             continue
-        text = f"{s.help} ({allowed_text(s)}; default {default_text(s)}; env {s.env[0]})"
+        # Choices show in the metavar and a switch has --no-: no need to repeat them.
+        allowed = "" if s.kind in (Kind.BOOL, Kind.ENUM) else allowed_text(s) + "; "
+        text = f"{s.help} ({allowed}default {default_text(s)}; env {s.env[0]})"
         text = text.replace("%", "%%")
         if s.kind is Kind.BOOL:
             parser.add_argument(s.flag, dest=s.dest, action=argparse.BooleanOptionalAction,
