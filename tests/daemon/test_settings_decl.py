@@ -14,6 +14,7 @@ import pytest
 from rdma_hca.daemon import settings_decl
 from rdma_hca.daemon.config import (
     SETTINGS,
+    ConfigError,
     Kind,
     Scope,
     Settings,
@@ -76,7 +77,7 @@ def test_every_settings_field_is_declared() -> None:
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s.env], ids=lambda s: s.key)
 def test_every_variable_reaches_its_setting(setting: settings_decl.Setting) -> None:
     """Each variable sets its attribute: an invalid value is refused naming it."""
-    with pytest.raises(Exception) as err:
+    with pytest.raises(ConfigError) as err:
         load_settings(None, {setting.env[0]: "\0not valid\0"}, {})
     assert setting.env[0] in str(err.value)
     assert str(err.value).startswith(setting.key + ":")

@@ -6,20 +6,25 @@ had, where that value came from and what is allowed. The daemon turns a
 :class:`ConfigError` into exit status 2 before it registers anything.
 
 What each setting is (key, variable, flag, type, range, default, help) is declared once in
-``settings_decl``; the records are in ``settings_model`` and the bounded file reader in
-``settings_file``. Everything is importable from here.
+``settings_decl``; the records are in ``settings_model``, the bounded file reader in
+``settings_file`` and the checks against the machine and between pools and DRA in
+``settings_checks``. Everything is importable from here.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from fnmatch import fnmatchcase
 from typing import Any
 
+from rdma_hca.daemon.settings_checks import (
+    overlapping_hcas,
+    root_problem,
+    selected_hcas,
+    surely_shared,
+)
 from rdma_hca.daemon.settings_decl import (
     BY_KEY,
     LINK_LAYERS,
@@ -58,11 +63,9 @@ from rdma_hca.daemon.settings_model import (
     Selectors,
     Settings,
     UnhealthyWhen,
-    norm_hex,
 )
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.kit.text import closest
-from rdma_hca.node.model import Hca
 
 __all__ = [
     "BY_KEY",
@@ -440,33 +443,6 @@ def _build(merged: Mapping[str, _Value], config_file: str | None,
 # --- the same HCA offered twice ------------------------------------------------------------
 
 
-def _names_meet(a: Sequence[str], b: Sequence[str]) -> bool:
-    """True when some pattern of ``a`` and one of ``b`` surely select a common name."""
-    return any(x == y or fnmatchcase(x, y) or fnmatchcase(y, x) for x in a for y in b)
-
-
-def _exact_disjoint(a: Sequence[str], b: Sequence[str], norm: Any = str.lower) -> bool:
-    return bool(a) and bool(b) and not {norm(x) for x in a} & {norm(y) for y in b}
-
-
-def _surely_shared(a: Selectors, b: Selectors) -> bool:
-    """Known without looking at the node: both selectors take some same HCA.
-
-    Either takes every HCA, or both name the same HCAs (literally or by a glob that matches
-    the other's pattern) and no other list tells them apart.
-    """
-    if a.takes_all or b.takes_all:
-        return True
-    if not (a.names and b.names and _names_meet(a.names, b.names)):
-        return False
-    return not (
-        _exact_disjoint(a.drivers, b.drivers)
-        or _exact_disjoint(a.link_layers, b.link_layers)
-        or _exact_disjoint(a.pci_vendors, b.pci_vendors, norm_hex)
-        or _exact_disjoint(a.pci_devices, b.pci_devices, norm_hex)
-    )
-
-
 def _check_static_overlap(settings: Settings, merged: Mapping[str, _Value]) -> None:
     if not settings.dra.enabled:
         return
@@ -475,7 +451,7 @@ def _check_static_overlap(settings: Settings, merged: Mapping[str, _Value]) -> N
            "names: [mlx5_0, mlx5_1], dra names: [mlx5_2, mlx5_3]), or set "
            "devicePlugin.enabled: false (--no-device-plugin) to run DRA alone")
     for pool in settings.pools:
-        if not _surely_shared(pool.selectors, dra):
+        if not surely_shared(pool.selectors, dra):
             continue
         if pool.selectors.takes_all:
             why = f"the pool {pool.resource_name} takes every HCA"
@@ -487,48 +463,3 @@ def _check_static_overlap(settings: Settings, merged: Mapping[str, _Value]) -> N
         v = merged.get("dra.enabled", _Value(True, ""))
         raise ConfigError("dra.enabled", v.value,
                           f"{why}, so it would be offered twice: {fix}", v.source)
-
-
-def overlapping_hcas(settings: Settings, hcas: Sequence[Hca]) -> dict[str, list[str]]:
-    """HCA name -> its owners (``"pool rdma/hca"``, ``"dra"``) for every HCA more than one
-    owner selects: the daemon checks this after discovery, where globs and drivers are known."""
-    owners: dict[str, list[str]] = {}
-    for pool in settings.pools:
-        for h in hcas:
-            if pool.selectors.matches(h):
-                owners.setdefault(h.name, []).append(f"pool {pool.resource_name}")
-    if settings.dra.enabled:
-        for h in hcas:
-            if settings.dra.selectors.matches(h):
-                owners.setdefault(h.name, []).append("dra")
-    return {name: who for name, who in owners.items() if len(who) > 1}
-
-
-def selected_hcas(settings: Settings, hcas: Sequence[Hca]) -> tuple[Hca, ...]:
-    """The union of the pools' HCAs (and DRA's, when enabled), in the order given."""
-    selectors = [p.selectors for p in settings.pools]
-    if settings.dra.enabled:
-        selectors.append(settings.dra.selectors)
-    return tuple(h for h in hcas if any(s.matches(h) for s in selectors))
-
-
-# --- where the machine is ----------------------------------------------------------------
-
-
-def root_problem(kind: str, path: str) -> str | None:
-    """Why ``path`` cannot be the sysfs (``kind="sysfs"``) or /dev (``"dev"``) root, or None.
-
-    A root without class/infiniband is fine (a node without RDMA); a missing one, a file,
-    or the directory above the real root (``/`` instead of ``/sys``) is not.
-    """
-    if not os.path.exists(path):
-        return f"{path} does not exist: give the directory where {kind} is mounted"
-    if not os.path.isdir(path):
-        return f"{path} is not a directory: give the directory where {kind} is mounted"
-    sub, markers = ("sys", ("class",)) if kind == "sysfs" else ("dev", ("infiniband", "null"))
-    inner = os.path.join(path, sub)
-    if not any(os.path.exists(os.path.join(path, m)) for m in markers) and any(
-            os.path.exists(os.path.join(inner, m)) for m in markers):
-        return (f"{path} has no {markers[0]}/ but {inner} looks like the {kind} root: "
-                f"did you mean {inner}?")
-    return None
