@@ -120,7 +120,10 @@ def mismatches(setting: Setting, node: dict[str, Any], schema: dict[str, Any]) -
     out: list[str] = []
     kind = setting.kind
     want = {Kind.BOOL: {"boolean"}, Kind.INT: {"integer"}, Kind.FLOAT: {"number"},
-            Kind.SELECTORS: {"object"}}.get(kind, {"string"})
+            Kind.SELECTORS: {"object"}, Kind.POOLS: {"array"}}.get(kind, {"string"})
+    # Every integer is a number: a number setting may say either.
+    if kind is Kind.FLOAT and _types(node) == {"number", "integer"}:
+        want = {"number", "integer"}
     if _types(node) != want:
         out.append(f"type {sorted(_types(node))}, declared {sorted(want)}")
     if kind is Kind.ENUM and set(node.get("enum", ())) != set(setting.choices):

@@ -4,6 +4,7 @@ every subcommand, and one line with exit 2 for every bad input."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -179,10 +180,13 @@ def test_serve_logs_warnings_before_serving(capsys: pytest.CaptureFixture[str],
         return 0
 
     monkeypatch.setattr(cli, "_command", lambda *_: fake_serve)
-    monkeypatch.setattr(os, "environ", {"RDMA_HCA_MODEE": "exclusive"})
+    root = logging.getLogger()
+    # serve sets up logging on the root logger; give it back as it was after the test.
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
     argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root),
             "--log-format", "json"]
-    code = cli.main(argv)
+    code = cli.main(argv, env={"RDMA_HCA_MODEE": "exclusive"})
     err = capsys.readouterr().err
     assert code == 0 and len(served) == 1
     line = json.loads(err.strip().splitlines()[-1])

@@ -123,15 +123,16 @@ def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: s
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    env: Mapping[str, str] = getattr(args, "environ", None) or os.environ
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, env)
         for kind, path, key in (("sysfs", settings.sysfs_root, "sysfsRoot"),
                                 ("dev", settings.dev_root, "devRoot")):
             why = root_problem(kind, path)
             if why:
                 raise ConfigError(key, path, why)
     except ConfigError as exc:
-        print(_config_error_line(args, os.environ, str(exc)), file=sys.stderr)
+        print(_config_error_line(args, env, str(exc)), file=sys.stderr)
         return EXIT_USAGE
     if settings.warnings:
         # The same log format as the daemon's lines that follow.
@@ -271,6 +272,7 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         parser.print_help()
         return EXIT_USAGE
     command = args.command
+    args.environ = env  # what cmd_serve reads, so main(env=...) means the same everywhere
     try:
         if command != "serve":
             for line in env_warnings(env):
