@@ -263,11 +263,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
     env = os.environ if env is None else env
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except BrokenPipeError:  # `rdma-hca --help | head -1`
-        _quiet_stdout()
-        return EXIT_BROKEN_PIPE
+    # argparse's own output (--help, usage errors) already ignores a closed pipe.
+    args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
