@@ -46,10 +46,15 @@ from rdma_hca.daemon.settings_decl import (
 )
 from rdma_hca.daemon.settings_file import MAX_FILE_BYTES, read_config_file
 from rdma_hca.daemon.settings_model import (
+    DEFAULT_DRA_DRIVER_NAME,
+    DEFAULT_HEALTH_POLL_SECONDS,
+    DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_DIR,
     DEFAULT_KUBELET_ROOT,
     DEFAULT_METRICS_ADDRESS,
     DEFAULT_RDMA_HCA_MAX,
+    DEFAULT_READ_DEADLINE_SECONDS,
+    DEFAULT_RESEND_SECONDS,
     DEFAULT_RESOURCE_NAME,
     ENV_PREFIX,
     CdiConfig,
@@ -69,10 +74,15 @@ from rdma_hca.kit.text import closest
 
 __all__ = [
     "BY_KEY",
+    "DEFAULT_DRA_DRIVER_NAME",
+    "DEFAULT_HEALTH_POLL_SECONDS",
+    "DEFAULT_HTTP_MAX_CONNECTIONS",
     "DEFAULT_KUBELET_DIR",
     "DEFAULT_KUBELET_ROOT",
     "DEFAULT_METRICS_ADDRESS",
     "DEFAULT_RDMA_HCA_MAX",
+    "DEFAULT_READ_DEADLINE_SECONDS",
+    "DEFAULT_RESEND_SECONDS",
     "DEFAULT_RESOURCE_NAME",
     "ENV_PREFIX",
     "MAX_FILE_BYTES",
