@@ -163,7 +163,8 @@ def test_valid_resource_names(name: str) -> None:
 @given(
     key=st.sampled_from(["resourceName", "rdmaHcaMax", "mode", "unhealthyWhen", "selectors",
                          "nonHostNetwork", "healthPollSeconds", "resendSeconds",
-                         "metricsAddress", "logFormat", "cdi", "pools", "ncclEnv"]),
+                         "metricsAddress", "logFormat", "cdi", "pools", "ncclEnv", "dra",
+                         "http", "devicePlugin", "readDeadlineSeconds", "logLevel"]),
     value=st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
         lambda inner: st.lists(inner, max_size=3)

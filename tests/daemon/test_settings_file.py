@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rdma_hca.daemon.config import ConfigError, load_settings
 from rdma_hca.daemon.settings_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
@@ -161,3 +163,16 @@ def test_serve_says_one_line_and_exits_2(tmp_path: Path, case: str) -> None:
     assert lines[0].startswith("rdma-hca serve: config error: --config:")
     assert fragment in lines[0]
     assert result.stdout == ""
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=200) | st.text(alphabet="[]{}:&*!- ,\n'\"#|>?%@`a1.", max_size=200)
+       .map(str.encode))
+def test_any_bytes_load_or_are_one_config_error(
+        tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("cfg") / "config.yaml"
+    path.write_bytes(data)
+    try:
+        load_settings(str(path), {}, {})
+    except ConfigError as exc:
+        assert "\n" not in str(exc)

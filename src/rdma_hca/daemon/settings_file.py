@@ -139,7 +139,7 @@ def _check_events(path: str, text: str) -> None:
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None)
-    what = f" ({str(problem)[:80]})" if problem else ""
+    what = f" ({' '.join(str(problem).split())[:80]})" if problem else ""
     return f"it is not valid YAML{_where(getattr(exc, 'problem_mark', None))}{what}: fix the syntax"
 
 
