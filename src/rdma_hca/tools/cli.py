@@ -123,7 +123,8 @@ def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: s
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    env: Mapping[str, str] = getattr(args, "environ", None) or os.environ
+    given: Mapping[str, str] | None = getattr(args, "environ", None)
+    env = os.environ if given is None else given
     try:
         settings = settings_from_args(args, env)
         for kind, path, key in (("sysfs", settings.sysfs_root, "sysfsRoot"),
