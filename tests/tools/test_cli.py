@@ -242,3 +242,16 @@ def test_simulate_into_a_new_directory(capsys: pytest.CaptureFixture[str],
     assert code == 0, err
     assert out.startswith(f"--sysfs-root {tmp_path / 'a' / 'b'}")
     assert not list((tmp_path / "a" / "b").glob(".rdma-hca-*"))
+
+
+def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[str],
+                                                  gpu: sim.SimNode,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[Settings] = []
+    monkeypatch.setattr(cli, "_command", lambda *_: lambda s: served.append(s) or 0)
+    monkeypatch.setenv("RDMA_HCA_MODE", "sideways")  # the process's own, not the one given
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    assert cli.main(argv, env={}) == 0
+    assert str(served[0].pools[0].mode) == "shared"
+    code, _, err = run(capsys, argv, {"RDMA_HCA_MODE": "sideways"})
+    assert code == 2 and "RDMA_HCA_MODE" in err
