@@ -38,6 +38,15 @@ HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 
 RenderFn = Callable[..., list[dict[str, Any]]]
 
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+POD_MONITOR_API = "monitoring.coreos.com/v1/PodMonitor"
+PROMETHEUS_RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
+# What `helm template` is told a current (1.30+) cluster serves: helm reads the real list
+# from the API server's discovery on install, but `helm template` knows no "group/version/
+# Kind" entries of its own.
+CURRENT_CLUSTER_APIS: tuple[str, ...] = (VAP_API,)
+WITH_PROMETHEUS_OPERATOR: tuple[str, ...] = (VAP_API, POD_MONITOR_API, PROMETHEUS_RULE_API)
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
