@@ -136,3 +136,19 @@ def set_args(values: Mapping[str, str]) -> list[str]:
     for key, value in values.items():
         args += ["--set", f"{key}={value}"]
     return args
+
+
+def parent_chart(root: Path, template: str) -> Path:
+    """A throw-away chart with ours as its subchart and one template of its own.
+
+    Named templates are shared between a chart and its subcharts, so `template` can call
+    the chart's own helpers (`include "rdma.notes" ...`) with inputs helm cannot produce
+    without a cluster: what `lookup` would return, or the APIs a cluster serves during
+    `helm install`. The subchart renders as well, so the chart is exercised as shipped.
+    """
+    parent = root / "parent"
+    (parent / "templates").mkdir(parents=True)
+    (parent / "Chart.yaml").write_text("apiVersion: v2\nname: parent\nversion: 0.0.1\n")
+    shutil.copytree(CHART, parent / "charts" / CHART.name)
+    (parent / "templates" / "probe.yaml").write_text(template)
+    return parent
