@@ -349,3 +349,20 @@ def test_policy_ignores_kinds_outside_its_rules(default_policies: list[Obj]) -> 
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
     assert failures(policy, cm) is None
 
+
+
+def test_match_conditions_never_fail_to_evaluate(default_policies: list[Obj]) -> None:
+    # An error in a matchCondition would refuse the request under failurePolicy Fail, even
+    # for an object the policy is not about: each condition must evaluate on every shape.
+    shapes = [c[1] for c in CASES if c[1]["kind"] != "ConfigMap"]
+    shapes += [non_compliant(kind) for kind in
+               ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")]
+    shapes.append(pod({"containers": [{"name": "bare", "image": "x"}]}))
+    for policy in (o for o in default_policies if o["kind"] == "ValidatingAdmissionPolicy"):
+        for condition in policy["spec"]["matchConditions"]:
+            single = copy.deepcopy(policy)
+            single["spec"]["matchConditions"] = [condition]
+            for obj in shapes:
+                failures(single, obj)
+                if obj["kind"] != "Pod":
+                    failures(single, obj, "UPDATE", old=obj)

@@ -110,9 +110,17 @@ def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
         "oldObject": json_to_cel(dict(old)) if old is not None else None,
         "request": json_to_cel(_request(obj, operation)),
     }
+    # As the API server does: any false condition skips the policy; an error counts only
+    # when no condition is false (and then, with failurePolicy Fail, refuses the request).
+    errors: list[PolicyError] = []
     for condition in spec.get("matchConditions", []):
-        if not _bool(condition["expression"], activation):
-            return None
+        try:
+            if not _bool(condition["expression"], activation):
+                return None
+        except PolicyError as err:
+            errors.append(err)
+    if errors:
+        raise errors[0]
     variables: dict[celtypes.StringType, Any] = {}
     for variable in spec.get("variables", []):
         activation["variables"] = celtypes.MapType(variables)
