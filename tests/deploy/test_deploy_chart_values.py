@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,14 @@ def test_the_readme_and_the_chart_archive(helm: Path, tmp_path: Path) -> None:
     result = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
     assert result.returncode == 0, result.stderr
     (archive,) = tmp_path.glob("ack-rdma-device-plugin-*.tgz")
-    import tarfile
-
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     base = "ack-rdma-device-plugin/"
     assert {base + "README.md", base + "files/alerts.yaml", base + "files/dashboard.json",
             base + "values.schema.json"} <= names
+
+
+def test_global_values_are_accepted_so_the_chart_can_be_a_subchart(helm: Path) -> None:
+    # Helm hands every subchart its parent's `global:` values; a strict schema must allow them.
+    result = run_helm(helm, "template", "x", str(CHART), "--set", "global.imageRegistry=r.io")
+    assert result.returncode == 0, result.stderr
