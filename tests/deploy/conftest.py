@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import CHART, RenderFn, ensure_helm, run_helm, set_args
+from deploy_support import (
+    CHART,
+    CURRENT_CLUSTER_APIS,
+    RenderFn,
+    ensure_helm,
+    run_helm,
+    set_args,
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,17 +40,26 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def render(helm: Path) -> RenderFn:
     """Render the chart into kube-system and return its objects.
 
-    `render({"mode": "exclusive"})` passes `--set mode=exclusive`.
+    `render({"mode": "exclusive"})` passes `--set mode=exclusive`. `api_versions` are the
+    kinds the simulated API server serves (helm's `--api-versions`; by default those of a
+    current cluster, whose discovery helm reads on install), `kube_version` its version.
     """
 
-    rendered: dict[tuple[tuple[str, str], ...], str] = {}
+    rendered: dict[tuple[Any, ...], str] = {}
 
-    def _render(values: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        key = tuple(sorted((values or {}).items()))
+    def _render(values: Mapping[str, str] | None = None, *,
+                api_versions: tuple[str, ...] = CURRENT_CLUSTER_APIS,
+                kube_version: str | None = None) -> list[dict[str, Any]]:
+        key = (tuple(sorted((values or {}).items())), api_versions, kube_version)
         if key not in rendered:
+            extra: list[str] = []
+            for api in api_versions:
+                extra += ["--api-versions", api]
+            if kube_version is not None:
+                extra += ["--kube-version", kube_version]
             result = run_helm(
                 helm, "template", "ack-rdma-device-plugin", str(CHART),
-                "--namespace", "kube-system", *set_args(values or {}),
+                "--namespace", "kube-system", *set_args(values or {}), *extra,
             )
             assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
             rendered[key] = result.stdout

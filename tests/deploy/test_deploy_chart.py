@@ -10,8 +10,8 @@ import pytest
 import yaml
 from deploy_support import CHART, RenderFn, run_helm, set_args
 
-# The oldest Kubernetes the chart supports (admissionregistration.k8s.io/v1 policies) and
-# the newest the installed kubernetes-validate knows.
+# The oldest Kubernetes with the admission policies (admissionregistration.k8s.io/v1) and
+# the newest the installed kubernetes-validate knows; 1.26 (no policies) is checked apart.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 VARIANTS: dict[str, dict[str, str]] = {
@@ -23,6 +23,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "cdi": {"cdi.enabled": "true"},
     "no-metrics": {"metrics.enabled": "false"},
     "selectors": {"selectors.linkLayers[0]": "Ethernet", "selectors.names[0]": "mlx5_*"},
+    "pod-extras": {"imagePullSecrets[0].name": "regcred", "podAnnotations.team": "ml",
+                   "podLabels.team": "ml", "updateStrategy.type": "OnDelete",
+                   "metrics.bindAddress": "::", "metrics.grafanaDashboard.enabled": "true",
+                   "image.digest": "sha256:" + "ab" * 32},
 }
 
 
@@ -122,8 +126,10 @@ def test_scheduling_defaults(render: RenderFn) -> None:
     assert spec["terminationGracePeriodSeconds"] <= 30
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]
-    # Two terms are ORed: NFD's label or the hand-set one.
+    # The terms are ORed: NFD's vendor-neutral or Mellanox label, or the hand-set one.
     assert [t["matchExpressions"] for t in terms] == [
+        [{"key": "feature.node.kubernetes.io/rdma.available", "operator": "In",
+          "values": ["true"]}],
         [{"key": "feature.node.kubernetes.io/rdma.capable", "operator": "In",
           "values": ["true"]}],
         [{"key": "rdma.hca/enabled", "operator": "In", "values": ["true"]}],
@@ -160,12 +166,21 @@ def test_mounts_and_their_access(render: RenderFn) -> None:
     assert v["tmp"]["emptyDir"]["medium"] == "Memory"
 
 
-def test_args_follow_the_daemons_contract(render: RenderFn) -> None:
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}
+
+
+def test_args_and_env_follow_the_daemons_contract(render: RenderFn) -> None:
     c = container(render())
     assert "command" not in c  # the image's ENTRYPOINT is `rdma-hca`
-    assert c["args"] == [
-        "serve", "--config", "/etc/rdma-hca/config.yaml", "--sysfs-root", "/host/sys",
-        "--dev-root", "/host/dev", "--kubelet-dir", "/var/lib/kubelet/device-plugins"]
+    assert c["args"] == ["serve"]
+    # Variables, not flags: `kubectl exec <pod> -- rdma-hca doctor --node` sees them too.
+    assert env_of(c) == {
+        "RDMA_HCA_CONFIG": "/etc/rdma-hca/config.yaml",
+        "RDMA_HCA_SYSFS_ROOT": "/host/sys",
+        "RDMA_HCA_DEV_ROOT": "/host/dev",
+        "RDMA_HCA_KUBELET_DIR": "/var/lib/kubelet/device-plugins",
+    }
     assert c["image"] == "ghcr.io/rdma-hca/rdma-hca:0.1.0"
 
 
@@ -174,8 +189,7 @@ def test_custom_kubelet_dir_moves_mount_and_flag_together(
         render: RenderFn, kubelet_dir: str) -> None:
     objs = render({"kubeletDir": kubelet_dir})
     want = "/var/lib/k0s/kubelet/device-plugins"
-    c = container(objs)
-    assert c["args"][c["args"].index("--kubelet-dir") + 1] == want
+    assert env_of(container(objs))["RDMA_HCA_KUBELET_DIR"] == want
     assert mounts(objs)["device-plugins"]["mountPath"] == want
     assert volumes(objs)["device-plugins"]["hostPath"]["path"] == want
 

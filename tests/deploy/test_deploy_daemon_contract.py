@@ -21,10 +21,12 @@ def daemon_settings(render: RenderFn, values: dict[str, str], tmp_path: Path) ->
     ds = next(o for o in objs if o["kind"] == "DaemonSet")
     config_file = tmp_path / "config.yaml"
     config_file.write_text(cm["data"]["config.yaml"])
-    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    c = ds["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
     # The file is where the ConfigMap volume puts it in the pod; here it is a temp file.
-    args = [str(config_file) if a == CONFIG_PATH else a for a in args]
-    return settings_from_args(build_parser().parse_args(args), env={})
+    assert env["RDMA_HCA_CONFIG"] == CONFIG_PATH
+    env["RDMA_HCA_CONFIG"] = str(config_file)
+    return settings_from_args(build_parser().parse_args(c["args"]), env=env)
 
 
 def pool(settings: Settings) -> Any:
@@ -79,3 +81,11 @@ def test_custom_values_load_into_the_daemon(render: RenderFn, tmp_path: Path,
         assert list(p.selectors.names) == ["mlx5_*"]
         assert list(p.selectors.link_layers) == ["Ethernet"]
         assert list(p.selectors.pci_vendors) == ["0x15b3"]
+
+
+@pytest.mark.parametrize(("bind", "address"),
+                         [("10.0.0.5", "10.0.0.5:9478"), ("::", "[::]:9478"), ("", ":9478")])
+def test_bind_address_reaches_the_daemon(render: RenderFn, tmp_path: Path, bind: str,
+                                         address: str) -> None:
+    values = {"metrics.bindAddress": bind} if bind else {}
+    assert daemon_settings(render, values, tmp_path).metrics_address == address

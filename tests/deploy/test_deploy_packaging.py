@@ -1,7 +1,8 @@
 """Packaging smoke test: the wheel the image is built from installs and runs on its own.
 
-This is what the Dockerfile's stages do, minus the container: build a wheel without
-dependencies, install it into a fresh venv (dependencies from the package index), run it.
+This is what the Dockerfile's stages do, minus the container: run the build stage's own RUN
+command (drop the devkit, build a wheel without dependencies), install the wheel into a fresh
+venv (dependencies from the package index), run it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from deploy_support import REPO
+from test_deploy_image import instructions
 
 from rdma_hca.devkit.sim.nodes import gpu_node
 
@@ -35,7 +37,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     shutil.copytree(REPO / "src", src / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
     wheels = tmp_path / "wheels"
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", wheels, src)
+    # The build stage's command as the Dockerfile has it, run in the copy as in WORKDIR /src.
+    command = build_stage_command().replace("pip wheel", f"{sys.executable} -m pip wheel "
+                                            "--quiet").replace("/wheels", str(wheels))
+    subprocess.run(["sh", "-ec", command], cwd=src, check=True, timeout=600,
+                   capture_output=True)
     (wheel,) = wheels.glob("rdma_hca-*.whl")
 
     venv = tmp_path / "venv"
@@ -57,3 +63,27 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     # The installed copy must be the one that ran, not the repository's editable install.
     where = run(venv / "bin" / "python", "-c", "import rdma_hca; print(rdma_hca.__file__)")
     assert str(venv) in where.stdout
+    # No devkit on a node (issue: the image carries no harness code).
+    run(venv / "bin" / "python", "-c",
+        "import importlib.util as u, sys; sys.exit(u.find_spec('rdma_hca.devkit') is not None)")
+    demo = subprocess.run([venv / "bin" / "rdma-hca", "demo"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert demo.returncode != 0
+    assert "not in this installation" in demo.stderr and "Traceback" not in demo.stderr
+    assert run(venv / "bin" / "kubectl-rdma_hca", "--version").stdout.strip()
+
+
+def build_stage_command() -> str:
+    """The RUN of the Dockerfile's build stage (between the first and second FROM)."""
+    steps = instructions()
+    froms = [i for i, (word, _) in enumerate(steps) if word == "FROM"]
+    (command,) = [rest for word, rest in steps[froms[0]:froms[1]] if word == "RUN"]
+    return command
+
+
+def test_the_image_is_built_without_the_devkit() -> None:
+    command = build_stage_command()
+    assert command.startswith("rm -rf src/rdma_hca/devkit ")
+    assert "pip wheel" in command
+    runs = [rest for word, rest in instructions() if word == "RUN"]
+    assert "find_spec('rdma_hca.devkit') is not None" in runs[-1]

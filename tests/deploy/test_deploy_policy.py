@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from deploy_support import REPO, RenderFn
-from vap_emulator import admit, failures
+from vap_emulator import PolicyError, admit, failures
 
 FIX = "set spec.hostNetwork: true, or install with non-hostNetwork RDMA enabled " \
       "(needs an IPv6 compute network)"
@@ -84,8 +84,9 @@ CASES: list[tuple[str, Obj, bool, bool]] = [
      pod(spec(ctr(limits={"rdma/hca-x": 1, "example.com/rdma": 1}))), False, False),
     ("pod-nohost-init", pod(spec(ctr(), init=[ctr("init", limits=RDMA, caps=LOCKED)])),
      True, False),
+    # The API server refuses resources on ephemeral containers, so the policy ignores them.
     ("pod-nohost-ephemeral",
-     pod(spec(ctr(), ephemeral=[ctr("debug", limits=RDMA, caps=LOCKED)])), True, False),
+     pod(spec(ctr(), ephemeral=[ctr("debug", limits=RDMA, caps=LOCKED)])), False, False),
     ("pod-nohost-second-container",
      pod(spec(ctr("a"), ctr("b", limits=RDMA, caps=LOCKED))), True, False),
     ("pod-host-no-ipc-lock", pod(spec(ctr(limits=RDMA), host=True)), False, True),
@@ -95,6 +96,7 @@ CASES: list[tuple[str, Obj, bool, bool]] = [
      pod(spec(ctr(limits=RDMA, caps=["CAP_IPC_LOCK"]), host=True)), False, False),
     ("pod-host-privileged", pod(spec(ctr(limits=RDMA, privileged=True), host=True)),
      False, False),
+    ("pod-host-caps-all", pod(spec(ctr(limits=RDMA, caps=["ALL"]), host=True)), False, False),
     ("pod-host-one-of-two-unlocked",
      pod(spec(ctr("a", limits=RDMA, caps=LOCKED), ctr("b", limits=RDMA), host=True)),
      False, True),
@@ -178,20 +180,98 @@ def test_generate_name_is_shown_when_there_is_no_name(default_policies: list[Obj
     assert message.startswith("Pod worker-*: ")
 
 
-def test_workload_updates_are_checked_but_pod_updates_are_not(
+def test_workload_pod_spec_changes_are_checked_but_pod_updates_are_not(
         default_policies: list[Obj]) -> None:
     bad_pod = pod(spec(ctr(limits=RDMA, caps=LOCKED)))
     bad_deployment = workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED)))
-    assert not admit(default_policies, bad_deployment, "UPDATE").admitted
-    assert admit(default_policies, bad_pod, "UPDATE").admitted
+    new_image = copy.deepcopy(bad_deployment)
+    new_image["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.example.com/app:2"
+    outcome = admit(default_policies, new_image, "UPDATE", old=bad_deployment)
+    assert FIX in outcome.denied[0]
+    # A template that starts asking for the resource is judged like a new one.
+    plain = workload("Deployment", spec(ctr(caps=LOCKED)))
+    assert not admit(default_policies, bad_deployment, "UPDATE", old=plain).admitted
+    assert admit(default_policies, bad_pod, "UPDATE", old=bad_pod).admitted
     assert admit(default_policies, bad_deployment, "DELETE").admitted
 
 
 def test_terminating_workload_is_not_blocked(default_policies: list[Obj]) -> None:
     # Removing a finalizer from an old, non-conforming workload must still work.
-    d = workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED)))
-    d["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    assert admit(default_policies, d, "UPDATE").admitted
+    old = workload("Deployment", spec(ctr(limits=RDMA, caps=LOCKED)))
+    old["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    old["metadata"]["finalizers"] = ["example.com/cleanup"]
+    d = copy.deepcopy(old)
+    del d["metadata"]["finalizers"]
+    d["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.example.com/app:2"
+    assert admit(default_policies, d, "UPDATE", old=old).admitted
+
+
+def non_compliant(kind: str) -> Obj:
+    """A workload that existed before the policy: RDMA without hostNetwork, no IPC_LOCK."""
+    obj = workload(kind, spec(ctr("trainer", limits=RDMA)))
+    obj["metadata"]["namespace"] = "ml"
+    obj["metadata"]["labels"] = {"app": "trainer"}
+    return obj
+
+
+def updated(old: Obj, change: Any) -> Obj:
+    new = copy.deepcopy(old)
+    change(new)
+    return new
+
+
+# The controllers' and kubectl's own updates of a workload the policy would refuse today.
+HOUSEKEEPING: list[tuple[str, str, Any]] = [
+    # kubectl scale deployment --replicas=0: the deployment controller scales the ReplicaSet.
+    ("scale-replicaset", "ReplicaSet", lambda o: o["spec"].__setitem__("replicas", 0)),
+    ("scale-deployment", "Deployment", lambda o: o["spec"].__setitem__("replicas", 3)),
+    ("scale-statefulset", "StatefulSet", lambda o: o["spec"].__setitem__("replicas", 0)),
+    ("suspend-job", "Job", lambda o: o["spec"].__setitem__("suspend", True)),
+    ("suspend-cronjob", "CronJob", lambda o: o["spec"].__setitem__("suspend", True)),
+    # kubectl delete --cascade=orphan: the garbage collector drops the owner reference.
+    ("orphan-replicaset", "ReplicaSet", lambda o: o["metadata"].pop("ownerReferences")),
+    ("relabel-deployment", "Deployment",
+     lambda o: o["metadata"]["labels"].__setitem__("team", "infra")),
+    ("annotate-daemonset", "DaemonSet",
+     lambda o: o["metadata"].setdefault("annotations", {}).__setitem__("note", "x")),
+    # A CronJob's job-level fields outside the pod spec.
+    ("cronjob-schedule", "CronJob", lambda o: o["spec"].__setitem__("schedule", "5 * * * *")),
+    ("status-replicaset", "ReplicaSet",
+     lambda o: o.__setitem__("status", {"replicas": 0, "observedGeneration": 2})),
+]
+
+
+@pytest.mark.parametrize(("kind", "change"), [c[1:] for c in HOUSEKEEPING],
+                         ids=[c[0] for c in HOUSEKEEPING])
+def test_updates_that_leave_the_pod_spec_alone_always_pass(
+        default_policies: list[Obj], kind: str, change: Any) -> None:
+    old = non_compliant(kind)
+    old["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "trainer", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}]
+    new = updated(old, change)
+    assert new != old
+    # The same objects are refused when created (and warned about): the policy is on.
+    assert not admit(default_policies, old).admitted
+    outcome = admit(default_policies, new, "UPDATE", old=old)
+    assert outcome.admitted and not outcome.warnings, outcome
+
+
+def test_changing_the_cronjobs_pod_spec_is_judged(default_policies: list[Obj]) -> None:
+    old = non_compliant("CronJob")
+    new = updated(old, lambda o: o["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+        "containers"][0].__setitem__("image", "registry.example.com/app:2"))
+    (message,) = admit(default_policies, new, "UPDATE", old=old).denied
+    assert message.startswith("CronJob w: container trainer asks for rdma/hca")
+
+
+def test_fixing_a_workload_is_admitted(default_policies: list[Obj]) -> None:
+    old = non_compliant("Deployment")
+    fixed = updated(old, lambda o: o["spec"]["template"]["spec"].__setitem__(
+        "hostNetwork", True))
+    outcome = admit(default_policies, fixed, "UPDATE", old=old)
+    assert outcome.admitted
+    assert any(IPC in w for w in outcome.warnings)
 
 
 def test_custom_resource_name_is_what_the_policy_looks_for(render: RenderFn) -> None:
@@ -246,8 +326,43 @@ def test_check_example_is_admitted(default_policies: list[Obj]) -> None:
     assert outcome.admitted and not outcome.warnings, outcome
 
 
+def test_objects_without_the_resource_are_never_evaluated(
+        default_policies: list[Obj]) -> None:
+    # The matchConditions leave them out before any validation runs, so no validation error
+    # or cost limit can refuse them, whatever they hold.
+    policy = next(o for o in default_policies
+                  if o["metadata"]["name"] == "ack-rdma-dp-require-hostnetwork")
+    names = [c["name"] for c in policy["spec"]["matchConditions"]]
+    assert "asks-for-the-resource" in names
+    broken = copy.deepcopy(policy)
+    broken["spec"]["validations"] = [{"expression": "1 / 0 == 1", "message": "boom"}]
+    with pytest.raises(PolicyError):
+        failures(broken, pod(spec(ctr(limits=RDMA))))
+    for obj in (pod(spec(ctr(limits={"cpu": "1"}))), pod(spec(ctr())),
+                workload("CronJob", spec(ctr(limits={"nvidia.com/gpu": 1}))),
+                workload("Deployment", spec(ctr(), init=[ctr("init")]))):
+        assert failures(broken, obj) is None
+
+
 def test_policy_ignores_kinds_outside_its_rules(default_policies: list[Obj]) -> None:
     policy = next(o for o in default_policies if o["kind"] == "ValidatingAdmissionPolicy")
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
     assert failures(policy, cm) is None
 
+
+
+def test_match_conditions_never_fail_to_evaluate(default_policies: list[Obj]) -> None:
+    # An error in a matchCondition would refuse the request under failurePolicy Fail, even
+    # for an object the policy is not about: each condition must evaluate on every shape.
+    shapes = [c[1] for c in CASES if c[1]["kind"] != "ConfigMap"]
+    shapes += [non_compliant(kind) for kind in
+               ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob")]
+    shapes.append(pod({"containers": [{"name": "bare", "image": "x"}]}))
+    for policy in (o for o in default_policies if o["kind"] == "ValidatingAdmissionPolicy"):
+        for condition in policy["spec"]["matchConditions"]:
+            single = copy.deepcopy(policy)
+            single["spec"]["matchConditions"] = [condition]
+            for obj in shapes:
+                failures(single, obj)
+                if obj["kind"] != "Pod":
+                    failures(single, obj, "UPDATE", old=obj)

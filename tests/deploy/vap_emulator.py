@@ -93,20 +93,34 @@ class Outcome:
 
 
 def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
-             operation: str = "CREATE") -> list[str] | None:
-    """Messages of the policy's failed validations, or None when the policy does not apply."""
+             operation: str = "CREATE", old: Mapping[str, Any] | None = None) -> list[str] | None:
+    """Messages of the policy's failed validations, or None when the policy does not apply.
+
+    ``old`` is the stored object an UPDATE replaces (CEL's ``oldObject``), as the API server
+    always has one for an UPDATE and never for a CREATE.
+    """
+    if (operation == "UPDATE") != (old is not None):
+        raise ValueError("an UPDATE needs the old object, and only an UPDATE has one")
     spec = policy["spec"]
     rules = spec["matchConstraints"]["resourceRules"]
     if not any(_rule_matches(rule, obj["kind"], operation) for rule in rules):
         return None
     activation: dict[str, Any] = {
         "object": json_to_cel(dict(obj)),
-        "oldObject": None,
+        "oldObject": json_to_cel(dict(old)) if old is not None else None,
         "request": json_to_cel(_request(obj, operation)),
     }
+    # As the API server does: any false condition skips the policy; an error counts only
+    # when no condition is false (and then, with failurePolicy Fail, refuses the request).
+    errors: list[PolicyError] = []
     for condition in spec.get("matchConditions", []):
-        if not _bool(condition["expression"], activation):
-            return None
+        try:
+            if not _bool(condition["expression"], activation):
+                return None
+        except PolicyError as err:
+            errors.append(err)
+    if errors:
+        raise errors[0]
     variables: dict[celtypes.StringType, Any] = {}
     for variable in spec.get("variables", []):
         activation["variables"] = celtypes.MapType(variables)
@@ -125,7 +139,7 @@ def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
 
 
 def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
-          operation: str = "CREATE") -> Outcome:
+          operation: str = "CREATE", old: Mapping[str, Any] | None = None) -> Outcome:
     """Run every policy of the rendered chart that a binding enables, as the API server would."""
     objects = list(objects)
     policies = {o["metadata"]["name"]: o for o in objects
@@ -134,7 +148,7 @@ def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
     for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
         spec = binding["spec"]
         assert "matchResources" not in spec and "paramRef" not in spec, "not emulated"
-        messages = failures(policies[spec["policyName"]], obj, operation) or []
+        messages = failures(policies[spec["policyName"]], obj, operation, old) or []
         if "Deny" in spec["validationActions"]:
             outcome.denied += messages
         if "Warn" in spec["validationActions"]:

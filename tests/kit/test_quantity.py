@@ -15,7 +15,7 @@ from rdma_hca.kit.quantity import (
     canonical,
     parse_quantity,
 )
-from rdma_hca.tools.doctor.cluster import human_duration, label_selector
+from rdma_hca.tools.doctor.cluster import human_duration
 
 
 @pytest.mark.parametrize(
@@ -93,16 +93,3 @@ def test_binary_round_trip(n: int) -> None:
 )
 def test_age_like_kubectl(seconds: int, age: str) -> None:
     assert human_duration(seconds) == age
-
-
-def test_label_selector_syntax() -> None:
-    selector = {
-        "matchLabels": {"b": "2", "a": "1"},
-        "matchExpressions": [
-            {"key": "tier", "operator": "In", "values": ["x", "y"]},
-            {"key": "zone", "operator": "NotIn", "values": ["z"]},
-            {"key": "rdma", "operator": "Exists"},
-            {"key": "cpu-only", "operator": "DoesNotExist"},
-        ],
-    }
-    assert label_selector(selector) == "a=1,b=2,tier in (x,y),zone notin (z),rdma,!cpu-only"

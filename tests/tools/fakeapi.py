@@ -266,7 +266,8 @@ def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = 
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
                                  "name": "ack-rdma-dp-ds", "uid": "uid-ds", "controller": True}],
         },
-        "spec": {"nodeName": node_name, "hostNetwork": True},
+        "spec": {"nodeName": node_name, "hostNetwork": True,
+                 "containers": [{"name": "rdma-hca", "image": "rdma-hca:0.1.0"}]},
         "status": {
             "phase": "Running",
             "conditions": [
@@ -276,6 +277,7 @@ def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = 
                 {"type": "PodScheduled", "status": "True"},
             ],
             "containerStatuses": [{"name": "rdma-hca", "ready": ready, "restartCount": 0,
+                                   "image": "rdma-hca:0.1.0", "imageID": "",
                                    "state": state}],
         },
     }

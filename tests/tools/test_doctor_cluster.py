@@ -318,3 +318,21 @@ def test_usage_errors_exit_2(
 ) -> None:
     assert doctor(argv, tmp_path) == 2
     assert capsys.readouterr().err.strip()
+
+
+def test_label_selector_as_sent_to_the_api_server() -> None:
+    from lightkube.core.selector import build_selector
+
+    from rdma_hca.tools.doctor.kubeapi import label_filter
+
+    selector = {
+        "matchLabels": {"b": "2", "a": "1"},
+        "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["x", "y"]},
+            {"key": "zone", "operator": "NotIn", "values": ["z"]},
+            {"key": "rdma", "operator": "Exists"},
+            {"key": "cpu-only", "operator": "DoesNotExist"},
+        ],
+    }
+    assert build_selector(label_filter(selector)) == (
+        "a=1,b=2,tier in (x,y),zone notin (z),rdma,!cpu-only")

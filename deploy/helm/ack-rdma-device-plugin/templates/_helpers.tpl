@@ -17,13 +17,62 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* Selector labels never change after install (a DaemonSet's selector is immutable). */}}
+{{/* HOST:PORT the daemon listens on; an IPv6 bindAddress gets its brackets here. */}}
+{{- define "rdma.metricsAddress" -}}
+{{- $host := .Values.metrics.bindAddress -}}
+{{- if and (contains ":" $host) (not (hasPrefix "[" $host)) -}}
+{{- $host = printf "[%s]" $host -}}
+{{- end -}}
+{{- printf "%s:%d" $host (int .Values.metrics.port) -}}
+{{- end -}}
+
 {{- define "rdma.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
+{{/* A digest, when given, pins the image whatever the tag says. */}}
 {{- define "rdma.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Non-empty where the API server serves the admission policy kind (Kubernetes 1.30 on). Helm
+fills .Capabilities.APIVersions from the cluster's discovery on install and upgrade; for
+`helm template` pass --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy.
+*/}}
+{{- define "rdma.admissionPolicyAvailable" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}true{{- end -}}
+{{- end -}}
+
+{{/* Non-empty where the Prometheus Operator's CRDs (monitoring.coreos.com/v1) are served. */}}
+{{- define "rdma.podMonitorAvailable" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor" -}}true{{- end -}}
+{{- end -}}
+{{- define "rdma.prometheusRuleAvailable" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Two device plugins for one resource on a node fight over its registration, so installing
+next to the provider's own ack-rdma-dp-ds (in kube-system, not managed by this release) must
+stop. Takes a dict: "existing" (the DaemonSet as `lookup` returns it, empty when there is
+none or under `helm template`), "release" and "namespace" (this release's name/namespace).
+*/}}
+{{- define "rdma.guardForeignDaemonSet" -}}
+{{- $existing := .existing | default dict -}}
+{{- if $existing -}}
+{{- $annotations := (($existing.metadata | default dict).annotations) | default dict -}}
+{{- $owner := index $annotations "meta.helm.sh/release-name" | default "" -}}
+{{- $ownerNs := index $annotations "meta.helm.sh/release-namespace" | default "" -}}
+{{- if not (and (eq $owner .release) (eq $ownerNs .namespace)) -}}
+{{- fail "DaemonSet kube-system/ack-rdma-dp-ds exists and is not managed by this release (the provider's ack-rdma-device-plugin?): disable the provider's component first, see docs/install.md \"Replacing the provider's ack-rdma-device-plugin\"" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The kubelet's device-plugins directory, mounted at the same path inside the pod. */}}
@@ -66,7 +115,7 @@ selectors: {}
 {{- end }}
 nonHostNetwork: {{ .Values.nonHostNetwork.enabled }}
 ncclEnv: {{ .Values.ncclEnv }}
-metricsAddress: {{ ternary (printf ":%d" (int .Values.metrics.port)) "" .Values.metrics.enabled | quote }}
+metricsAddress: {{ ternary (include "rdma.metricsAddress" .) "" .Values.metrics.enabled | quote }}
 logFormat: {{ .Values.logFormat }}
 logLevel: {{ .Values.logLevel }}
 cdi:

@@ -1,7 +1,8 @@
 """``rdma-hca doctor``: say what is wrong with RDMA in a cluster or on a node, and how to fix it.
 
 Without ``--node`` it asks the API server about the DaemonSet, its pods and every node's
-``rdma/hca`` count; with ``--node`` it inspects the local machine (HCAs, device nodes,
+``rdma/hca`` count, with any kubeconfig kubectl accepts (also as ``kubectl rdma-hca
+doctor``); with ``--node`` it inspects the local machine (HCAs, device nodes,
 kubelet sockets, netns mode, IPv6 GIDs, the plugin's readiness).
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when the command cannot run

@@ -1,6 +1,6 @@
 """The cluster view of ``rdma-hca doctor``: is the plugin installed, running and advertising?
 
-Fetching (three GETs) is kept apart from judging (:func:`evaluate`, a pure function of the
+Fetching (three reads) is kept apart from judging (:func:`evaluate`, a pure function of the
 JSON the API server returned and the current time), so every verdict can be tested on plain
 dictionaries shaped like real API objects.
 """
@@ -8,17 +8,20 @@ dictionaries shaped like real API objects.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
-from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
+from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError
 from rdma_hca.tools.doctor.result import Check
+
+T = TypeVar("T")
 
 __all__ = ["AccessError", "Check", "ClusterData", "ClusterReport", "evaluate", "fetch"]
 
 RDMA_LABELS: tuple[tuple[str, str], ...] = (
+    ("feature.node.kubernetes.io/rdma.available", "true"),
     ("feature.node.kubernetes.io/rdma.capable", "true"),
     ("rdma.hca/enabled", "true"),
 )
@@ -89,38 +92,28 @@ class ClusterReport:
 
 def fetch(client: KubeClient, namespace: str, name: str) -> ClusterData:
     """Read the DaemonSet, every node, and the DaemonSet's pods."""
-    ds_path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
-    try:
-        daemonset: Mapping[str, Any] | None = _get(
-            client, ds_path, None, "get", "daemonsets", "apps", namespace
-        )
-    except NotFoundError:
-        daemonset = None
-    nodes = _items(_get(client, "/api/v1/nodes", None, "list", "nodes", "", None))
-    pods: list[Mapping[str, Any]] = []
+    daemonset: Mapping[str, Any] | None = _read(
+        client, lambda: client.daemonset(namespace, name), "get", "daemonsets", "apps",
+        namespace)
+    nodes = _read(client, client.nodes, "list", "nodes", "", None)
+    pods: list[dict[str, Any]] = []
     if daemonset is not None:
-        selector = label_selector(daemonset.get("spec", {}).get("selector") or {})
-        query = {"labelSelector": selector} if selector else None
-        pods = _items(
-            _get(client, f"/api/v1/namespaces/{namespace}/pods", query, "list", "pods", "",
-                 namespace)
-        )
+        selector = daemonset.get("spec", {}).get("selector") or {}
+        pods = _read(client, lambda: client.pods(namespace, selector), "list", "pods", "",
+                     namespace)
     return ClusterData(namespace, name, daemonset, nodes, pods)
 
 
-def _get(
+def _read(
     client: KubeClient,
-    path: str,
-    query: Mapping[str, str] | None,
+    request: Callable[[], T],
     verb: str,
     resource: str,
     group: str,
     namespace: str | None,
-) -> dict[str, Any]:
+) -> T:
     try:
-        return client.get(path, query)
-    except NotFoundError:
-        raise
+        return request()
     except ApiError as exc:
         if exc.status == 401:
             raise AccessError(
@@ -136,28 +129,6 @@ def _get(
                 f"on nodes, pods and daemonsets.apps, e.g. {RBAC_FIX}"
             ) from exc
         raise
-
-
-def _items(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    items = doc.get("items") or []
-    return [i for i in items if isinstance(i, Mapping)]
-
-
-def label_selector(selector: Mapping[str, Any]) -> str:
-    """Turn a ``LabelSelector`` object into the query syntax the API server accepts."""
-    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    for expr in selector.get("matchExpressions") or []:
-        key, op = expr.get("key", ""), expr.get("operator", "")
-        values = ",".join(expr.get("values") or [])
-        if op == "In":
-            parts.append(f"{key} in ({values})")
-        elif op == "NotIn":
-            parts.append(f"{key} notin ({values})")
-        elif op == "Exists":
-            parts.append(key)
-        elif op == "DoesNotExist":
-            parts.append(f"!{key}")
-    return ",".join(parts)
 
 
 # ---------------------------------------------------------------------------------- judging

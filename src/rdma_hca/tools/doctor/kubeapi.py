@@ -1,8 +1,13 @@
-"""A minimal, read-only Kubernetes API client: credentials plus GET of JSON.
+"""Reaching the Kubernetes API server for ``doctor``: credentials found the way kubectl finds
+them, and the three reads it needs, made with lightkube.
 
-``doctor`` needs three GETs (nodes, one DaemonSet, its pods). Pulling in the official client
-for that would add a large dependency to an image that must stay small, so this module reads
-a kubeconfig (or the in-cluster service account) with the standard library and PyYAML.
+Every kubeconfig kubectl accepts works: tokens and token files, client certificates (files or
+``*-data``), basic auth, exec credential plugins (EKS, GKE, AKS, OIDC) and the in-cluster
+service account. The kubeconfig is read and checked here first, so a broken one gets a
+message that names the file and the field; lightkube then makes the requests.
+
+lightkube and its HTTP stack are imported only when a client is built, so commands that never
+talk to the API server (``serve`` above all) do not load them.
 
 Every failure becomes a :class:`KubeError` whose message says what went wrong and how to fix
 it; callers print it as one line instead of a traceback.
@@ -12,22 +17,28 @@ from __future__ import annotations
 
 import base64
 import binascii
-import http.client
 import json
 import os
 import ssl
-import tempfile
 import urllib.parse
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+if TYPE_CHECKING:
+    from lightkube import Client
+
 DEFAULT_TIMEOUT = 10.0
 SERVICE_ACCOUNT_DIR = "var/run/secrets/kubernetes.io/serviceaccount"
+# lightkube runs exec plugins of these versions; a v1 plugin prints the same ExecCredential.
+_EXEC_V1 = "client.authentication.k8s.io/v1"
+_EXEC_V1BETA1 = "client.authentication.k8s.io/v1beta1"
+_CONTEXT = "rdma-hca"
+
+T = TypeVar("T")
 
 
 class KubeError(Exception):
@@ -56,21 +67,14 @@ class UnreachableError(KubeError):
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
-    """Where the API server is and how to prove who we are.
-
-    Certificates are kept as PEM bytes (not paths) so ``*-data`` and file forms are handled
-    alike; they reach ``ssl`` only through short-lived temporary files.
-    """
+    """Where the API server is and how to prove who we are, as a kubeconfig with one context
+    (``kubeconfig``) whose relative paths are resolved against ``base``."""
 
     server: str
     source: str  # where these came from, named in error messages
-    ca_pem: bytes | None = None
-    insecure: bool = False
-    token: str | None = None
-    client_cert_pem: bytes | None = None
-    client_key_pem: bytes | None = None
-    username: str | None = None
-    password: str | None = None
+    kubeconfig: Mapping[str, Any]
+    base: Path | None = None  # the kubeconfig file the paths are relative to
+    proxy: str | None = None
 
 
 def load_credentials(
@@ -91,13 +95,13 @@ def load_credentials(
         if not path.is_file():
             raise ConfigError(f"kubeconfig {path} does not exist: pass an existing file to "
                               "--kubeconfig")
-        return _from_kubeconfig(path, context)
+        return _from_kubeconfig(path, context, env)
     for entry in env.get("KUBECONFIG", "").split(os.pathsep):
         if entry and Path(entry).expanduser().is_file():
-            return _from_kubeconfig(Path(entry).expanduser(), context)
+            return _from_kubeconfig(Path(entry).expanduser(), context, env)
     default = home / ".kube" / "config"
     if default.is_file():
-        return _from_kubeconfig(default, context)
+        return _from_kubeconfig(default, context, env)
     if env.get("KUBERNETES_SERVICE_HOST"):
         return _in_cluster(env, in_cluster_root)
     raise ConfigError(
@@ -110,27 +114,42 @@ def _in_cluster(env: Mapping[str, str], root: Path) -> Credentials:
     sa_dir = root / SERVICE_ACCOUNT_DIR
     token_file = sa_dir / "token"
     try:
-        token = token_file.read_text().strip()
+        token_file.read_text()
     except OSError as exc:
         raise ConfigError(
             f"running in a pod but cannot read the service account token {token_file} "
             f"({exc.strerror}): set automountServiceAccountToken: true on the pod"
         ) from exc
-    ca_file = sa_dir / "ca.crt"
-    ca = ca_file.read_bytes() if ca_file.is_file() else None
     host = env["KUBERNETES_SERVICE_HOST"]
     port = env.get("KUBERNETES_SERVICE_PORT", "443")
     if ":" in host:  # an IPv6 service address needs brackets in a URL
         host = f"[{host}]"
+    cluster: dict[str, Any] = {"server": f"https://{host}:{port}"}
+    ca_file = sa_dir / "ca.crt"
+    if ca_file.is_file():
+        cluster["certificate-authority"] = str(ca_file)
+    # A token file, not its content: the kubelet rotates it and lightkube re-reads it.
+    user = {"tokenFile": str(token_file)}
     return Credentials(
-        server=f"https://{host}:{port}",
+        server=cluster["server"],
         source="in-cluster service account",
-        ca_pem=ca,
-        token=token,
+        kubeconfig=_one_context(cluster, user),
+        proxy=_env_proxy(cluster["server"], env),
     )
 
 
-def _from_kubeconfig(path: Path, context_name: str | None) -> Credentials:
+def _one_context(cluster: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": _CONTEXT, "cluster": dict(cluster)}],
+        "users": [{"name": _CONTEXT, "user": dict(user)}],
+        "contexts": [{"name": _CONTEXT, "context": {"cluster": _CONTEXT, "user": _CONTEXT}}],
+        "current-context": _CONTEXT,
+    }
+
+
+def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str]) -> Credentials:
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -153,7 +172,17 @@ def _from_kubeconfig(path: Path, context_name: str | None) -> Credentials:
     cluster = _named(doc, "clusters", "cluster", _str_field(ctx, "cluster", path), path)
     user_name = ctx.get("user")
     user = _named(doc, "users", "user", str(user_name), path) if user_name else {}
-    return _credentials(path, str(name), cluster, user)
+    where = f"kubeconfig {path}, context {name}"
+    server = _check_cluster(cluster, path)
+    checked_user = _check_user(user, path, str(name))
+    proxy = cluster.get("proxy-url") or _env_proxy(server, env)
+    return Credentials(
+        server=server,
+        source=where,
+        kubeconfig=_one_context(cluster, checked_user),
+        base=path,
+        proxy=str(proxy) if proxy else None,
+    )
 
 
 def _named(doc: dict[str, Any], key: str, inner: str, name: str, path: Path) -> dict[str, Any]:
@@ -177,176 +206,263 @@ def _str_field(body: Mapping[str, Any], key: str, path: Path) -> str:
     return value
 
 
-def _pem(body: Mapping[str, Any], key: str, base: Path, path: Path) -> bytes | None:
-    """Read ``key-data`` (base64) or ``key`` (a file, relative to the kubeconfig's folder)."""
+def _check_pem(body: Mapping[str, Any], key: str, path: Path) -> bool:
+    """Check ``key-data`` (base64) or ``key`` (a file, relative to the kubeconfig's folder)
+    can be read; True when either is given."""
     data = body.get(f"{key}-data")
     if data:
         try:
-            return base64.b64decode(str(data), validate=True)
+            base64.b64decode(str(data), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ConfigError(f"kubeconfig {path}: {key}-data is not valid base64") from exc
+        return True
     file = body.get(key)
     if file:
-        target = (base / str(file)).expanduser()
+        target = (path.parent / str(file)).expanduser()
         try:
-            return target.read_bytes()
+            target.read_bytes()
         except OSError as exc:
             raise ConfigError(f"kubeconfig {path}: cannot read {key} {target}: "
                               f"{exc.strerror}") from exc
-    return None
+        return True
+    return False
 
 
-def _credentials(
-    path: Path, context: str, cluster: Mapping[str, Any], user: Mapping[str, Any]
-) -> Credentials:
+def _check_cluster(cluster: Mapping[str, Any], path: Path) -> str:
     server = _str_field(cluster, "server", path)
     parsed = urllib.parse.urlsplit(server)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"kubeconfig {path}: cluster server {server!r} is not an http(s) URL")
-    if "exec" in user or "auth-provider" in user:
-        kind = "exec" if "exec" in user else "auth-provider"
+    _check_pem(cluster, "certificate-authority", path)
+    return server.rstrip("/")
+
+
+def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, Any]:
+    """The user entry, checked, with the changes lightkube needs to use it as kubectl does."""
+    out = dict(user)
+    if "auth-provider" in user:
         raise ConfigError(
-            f"kubeconfig {path}: context {context!r} uses {kind} credentials, which "
-            "rdma-hca doctor does not run: use a kubeconfig with a token or client "
-            "certificate (e.g. a service account token)"
+            f"kubeconfig {path}: context {context!r} uses an auth-provider, which kubectl "
+            "dropped in 1.26: switch to its exec credential plugin (e.g. "
+            "gke-gcloud-auth-plugin, kubelogin) and run doctor again"
         )
-    token = user.get("token")
     token_file = user.get("tokenFile")
-    if not token and token_file:
+    if not user.get("token") and token_file:
+        # kubectl reads tokenFile relative to the kubeconfig, lightkube as given.
+        target = (path.parent / str(token_file)).expanduser()
         try:
-            token = (path.parent / str(token_file)).read_text().strip()
+            target.read_text()
         except OSError as exc:
             raise ConfigError(f"kubeconfig {path}: cannot read tokenFile {token_file}: "
                               f"{exc.strerror}") from exc
-    base = path.parent
-    cert = _pem(user, "client-certificate", base, path)
-    key = _pem(user, "client-key", base, path)
-    if (cert is None) != (key is None):
+        out["tokenFile"] = str(target)
+    elif user.get("token"):
+        out.pop("tokenFile", None)  # kubectl prefers the token; lightkube the file
+    cert = _check_pem(user, "client-certificate", path)
+    key = _check_pem(user, "client-key", path)
+    if cert != key:
         raise ConfigError(f"kubeconfig {path}: user of context {context!r} has a client "
                           "certificate or key but not both")
-    return Credentials(
-        server=server.rstrip("/"),
-        source=f"kubeconfig {path}, context {context}",
-        ca_pem=_pem(cluster, "certificate-authority", base, path),
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
-        token=str(token) if token else None,
-        client_cert_pem=cert,
-        client_key_pem=key,
-        username=user.get("username"),
-        password=user.get("password"),
-    )
+    if "exec" in user:
+        out["exec"] = _exec(user["exec"], path, context)
+    return out
 
 
-@contextmanager
-def _pem_files(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
-    # ssl can only load a client certificate from files; keep them private and short-lived.
-    with tempfile.TemporaryDirectory(prefix="rdma-hca-") as tmp:
-        cert_path, key_path = Path(tmp) / "client.crt", Path(tmp) / "client.key"
-        for target, data in ((cert_path, cert), (key_path, key)):
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        yield str(cert_path), str(key_path)
+def _exec(spec: Any, path: Path, context: str) -> dict[str, Any]:
+    if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
+        raise ConfigError(f"kubeconfig {path}: the exec entry of context {context!r} needs a "
+                          "command")
+    version = spec.get("apiVersion")
+    if version not in (_EXEC_V1, _EXEC_V1BETA1, "client.authentication.k8s.io/v1alpha1"):
+        raise ConfigError(f"kubeconfig {path}: exec apiVersion {version!r} of context "
+                          f"{context!r} is not one kubectl knows; use {_EXEC_V1}")
+    out = dict(spec)
+    command = spec["command"]
+    # Like kubectl: a command with a slash in it is relative to the kubeconfig's folder.
+    if os.sep in command and not os.path.isabs(command):
+        out["command"] = str(path.parent / command)
+    if version == _EXEC_V1:
+        out["apiVersion"] = _EXEC_V1BETA1
+    # What kubectl tells the plugin; some plugins refuse to run without it.
+    info = {"apiVersion": version, "kind": "ExecCredential", "spec": {"interactive": False}}
+    env = [e for e in spec.get("env") or [] if isinstance(e, dict)]
+    out["env"] = [*env, {"name": "KUBERNETES_EXEC_INFO", "value": json.dumps(info)}]
+    return out
 
 
-def _ssl_context(creds: Credentials) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    try:
-        if creds.insecure:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        elif creds.ca_pem is not None:
-            ctx.load_verify_locations(cadata=creds.ca_pem.decode("ascii", "replace"))
-        if creds.client_cert_pem is not None and creds.client_key_pem is not None:
-            with _pem_files(creds.client_cert_pem, creds.client_key_pem) as (cert, key):
-                ctx.load_cert_chain(cert, key)
-    except ssl.SSLError as exc:
-        raise ConfigError(f"{creds.source}: a certificate or key is not valid PEM "
-                          f"({exc.reason or exc}): fix the kubeconfig") from exc
-    return ctx
+def _env_proxy(server: str, env: Mapping[str, str]) -> str | None:
+    """The proxy kubectl would use for ``server`` from HTTPS_PROXY/HTTP_PROXY and NO_PROXY."""
+    parts = urllib.parse.urlsplit(server)
+    names = ("HTTPS_PROXY", "https_proxy") if parts.scheme == "https" else (
+        "HTTP_PROXY", "http_proxy")
+    proxy = next((env[n] for n in names if env.get(n)), None)
+    if not proxy:
+        return None
+    no_proxy = env.get("NO_PROXY") or env.get("no_proxy") or ""
+    host = (parts.hostname or "").lower()
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        domain = entry.lstrip("*").lstrip(".")
+        if entry == "*" or (domain and (host == domain or host.endswith("." + domain))):
+            return None
+    return proxy
 
 
 class KubeClient:
-    """GETs JSON from the API server. One connection per request keeps it simple and safe
-    to use from any thread; ``doctor`` makes only a handful of requests."""
+    """The reads ``doctor`` makes, as plain JSON-shaped dictionaries."""
 
     def __init__(self, creds: Credentials, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self._creds = creds
-        self._timeout = timeout
-        parts = urllib.parse.urlsplit(creds.server)
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname or ""
-        self._port = parts.port or (443 if self._https else 80)
-        self._prefix = parts.path.rstrip("/")
-        self._ssl = _ssl_context(creds) if self._https else None
+        self._client = self._build(creds, timeout)
 
     @property
     def server(self) -> str:
         return self._creds.server
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "rdma-hca-doctor"}
-        if self._creds.token:
-            headers["Authorization"] = f"Bearer {self._creds.token}"
-        elif self._creds.username is not None:
-            pair = f"{self._creds.username}:{self._creds.password or ''}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        return headers
+    @staticmethod
+    def _build(creds: Credentials, timeout: float) -> Client:
+        from lightkube import Client, KubeConfig
+        from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout, context=self._ssl
-            )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            config = KubeConfig.from_dict(dict(creds.kubeconfig), fname=creds.base).get()
+            # Proxies come from the kubeconfig or the environment given to load_credentials.
+            return Client(config=config, timeout=_timeout(timeout), trust_env=False,
+                          proxy=creds.proxy)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"{creds.source}: a certificate or key is not valid PEM "
+                              f"({exc.reason or exc}): fix the kubeconfig") from exc
+        except OSError as exc:
+            raise ConfigError(f"{creds.source}: cannot read a certificate or key "
+                              f"({exc.strerror or exc}): fix the kubeconfig") from exc
+        except (LightkubeConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{creds.source}: {exc}: fix the kubeconfig") from exc
+        except ImportError as exc:  # e.g. a socks5:// proxy-url without socksio installed
+            raise ConfigError(f"{creds.source}: {exc}") from exc
 
-    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """GET ``path`` (e.g. ``/api/v1/nodes``) and return the decoded JSON object."""
-        target = self._prefix + path
-        if query:
-            target += "?" + urllib.parse.urlencode(query)
+    def daemonset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The DaemonSet, or None when it does not exist."""
+        from lightkube.resources.apps_v1 import DaemonSet
+
+        path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        try:
+            obj = self._call(path, lambda: self._client.get(DaemonSet, name, namespace=namespace))
+        except NotFoundError:
+            return None
+        return _plain(obj)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        from lightkube.resources.core_v1 import Node
+
+        return self._call("/api/v1/nodes", lambda: [_plain(n) for n in self._client.list(Node)])
+
+    def pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The pods of ``namespace`` that match a LabelSelector object."""
+        from lightkube.resources.core_v1 import Pod
+
+        labels = label_filter(selector)
+        return self._call(
+            f"/api/v1/namespaces/{namespace}/pods",
+            lambda: [_plain(p) for p in self._client.list(Pod, namespace=namespace,
+                                                          labels=labels or None)],
+        )
+
+    def _call(self, path: str, request: Callable[[], T]) -> T:
+        """Run one request, turning every failure into a one-line KubeError."""
+        import httpx2
+        from lightkube import ApiError as LightkubeApiError
+        from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+
         url = self._creds.server + path
-        conn = self._connection()
+        server, source = self._creds.server, self._creds.source
         try:
-            conn.request("GET", target, headers=self._headers())
-            response = conn.getresponse()
-            body = response.read()
-        except ssl.SSLCertVerificationError as exc:
+            return request()
+        except LightkubeApiError as exc:
+            status = exc.status.code or exc.response.status_code
+            text = f"GET {url}: HTTP {status}" + (f": {exc.status.message}"
+                                                  if exc.status.message else "")
+            raise (NotFoundError if status == 404 else ApiError)(text, status) from exc
+        except httpx2.HTTPStatusError as exc:
+            status = exc.response.status_code
+            body = exc.response.text.strip()[:200]
+            text = f"GET {url}: HTTP {status}" + (f": {body}" if body else "")
+            raise (NotFoundError if status == 404 else ApiError)(text, status) from exc
+        except httpx2.TransportError as exc:
+            cause = _root_cause(exc)
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                raise UnreachableError(
+                    f"TLS verification of the API server {server} failed "
+                    f"({cause.verify_message}): check certificate-authority in {source}"
+                ) from exc
+            reason = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
             raise UnreachableError(
-                f"TLS verification of the API server {self._creds.server} failed "
-                f"({exc.verify_message}): check certificate-authority in {self._creds.source}"
+                f"API server {server} is unreachable ({reason}): check the server URL in "
+                f"{source} and that the cluster is up"
             ) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise UnreachableError(
-                f"API server {self._creds.server} is unreachable ({reason}): check the "
-                f"server URL in {self._creds.source} and that the cluster is up"
+        except LightkubeConfigError as exc:
+            # An exec credential plugin that failed: lightkube says which and its stderr.
+            raise ConfigError(f"{source}: {' '.join(str(exc).split())}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{source}: {_exec_failure(self._creds, exc)}") from exc
+        except (KeyError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"{source}: the exec credential plugin did not print an ExecCredential with "
+                "status.token; rdma-hca doctor needs a plugin that issues tokens"
             ) from exc
-        finally:
-            conn.close()
-        if response.status >= 400:
-            raise _api_error(response.status, body, url)
-        try:
-            decoded = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(f"GET {url} returned something that is not JSON: is "
-                           f"{self._creds.server} a Kubernetes API server?",
-                           response.status) from exc
-        if not isinstance(decoded, dict):
-            raise ApiError(f"GET {url} returned JSON that is not an object", response.status)
-        return decoded
+        except ValueError as exc:  # the body did not decode as the object asked for
+            raise ApiError(f"GET {url} returned something that is not a Kubernetes object: "
+                           f"is {server} a Kubernetes API server?", 200) from exc
 
 
-def _api_error(status: int, body: bytes, url: str) -> ApiError:
-    """Turn an error response (usually a ``Status`` object) into a typed error."""
-    message = ""
-    try:
-        doc = json.loads(body)
-        if isinstance(doc, dict):
-            message = str(doc.get("message") or "")
-    except (ValueError, UnicodeDecodeError):
-        message = body.decode("utf-8", "replace").strip()[:200]
-    text = f"GET {url}: HTTP {status}" + (f": {message}" if message else "")
-    if status == 404:
-        return NotFoundError(text, status)
-    return ApiError(text, status)
+def _timeout(seconds: float) -> Any:
+    import httpx2
+
+    return httpx2.Timeout(seconds)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The certificate error behind a failed connection if there is one, else the deepest
+    cause (the OSError that says "connection refused")."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for cause in chain:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+    return chain[-1]
+
+
+def _exec_failure(creds: Credentials, exc: OSError) -> str:
+    users = creds.kubeconfig.get("users") or [{}]
+    spec = users[0].get("user", {}).get("exec") or {}
+    command = spec.get("command", "?")
+    hint = " ".join(str(spec.get("installHint") or "").split())
+    return (f"cannot run the exec credential plugin {command!r} ({exc.strerror or exc})"
+            + (f": {hint}" if hint else ": install it or fix its path in the kubeconfig"))
+
+
+def label_filter(selector: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``LabelSelector`` object as the key -> value-or-operator map lightkube encodes."""
+    from lightkube import operators
+
+    labels: dict[str, Any] = {
+        str(k): str(v) for k, v in sorted((selector.get("matchLabels") or {}).items())}
+    for expr in selector.get("matchExpressions") or []:
+        key, op = str(expr.get("key", "")), expr.get("operator", "")
+        values = [str(v) for v in expr.get("values") or []]
+        if op == "In":
+            labels[key] = operators.in_(values)
+        elif op == "NotIn":
+            labels[key] = operators.not_in(values)
+        elif op == "Exists":
+            labels[key] = operators.exists()
+        elif op == "DoesNotExist":
+            labels[key] = operators.not_exists()
+    return labels
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A lightkube object as the JSON the API server sent (times as RFC 3339 strings)."""
+    plain: dict[str, Any] = obj.to_dict()
+    return plain

@@ -1,0 +1,52 @@
+{{/*
+The text of NOTES.txt, as a named template so it can be rendered for any set of served APIs
+(helm install takes them from the cluster; tests give them to helm template).
+*/}}
+{{- define "rdma.notes" -}}
+rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.Namespace }}.
+
+1. Check that a pod runs on every RDMA node (DESIRED == READY):
+     kubectl get ds {{ include "rdma.dsName" . }} -n {{ .Release.Namespace }}
+{{- if .Values.affinity }}
+   With the default affinity it runs only on nodes labelled by Node Feature Discovery
+   (feature.node.kubernetes.io/rdma.available=true or rdma.capable=true) or by hand with
+   rdma.hca/enabled=true:
+     kubectl label node <node> rdma.hca/enabled=true
+{{- end }}
+
+2. Check that a node offers the resource ({{ .Values.resourceName }} in capacity and allocatable):
+     kubectl get node <node> -o yaml
+
+3. Ask for it in a pod: resources.limits: {{ printf "{%s: 1}" .Values.resourceName }}
+{{- if .Values.nonHostNetwork.enabled }}
+   Non-hostNetwork RDMA is ON: any pod may ask for it. This works only when the nodes' RDMA
+   compute network is IPv6; on IPv4, RDMA does not work in pods without hostNetwork.
+{{- else if include "rdma.admissionPolicyAvailable" . }}
+   Only pods with spec.hostNetwork: true may ask for it; the admission policy
+   {{ include "rdma.hostNetworkPolicyName" . }} refuses other pods and workloads at apply time.
+{{- else }}
+   Only pods with spec.hostNetwork: true can use it, but this cluster does not serve
+   admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes < 1.30), so the
+   chart installed NO admission policy: a pod without hostNetwork that asks for
+   {{ .Values.resourceName }} is scheduled and its RDMA fails at run time, and no warning
+   names a container without IPC_LOCK. Upgrade the cluster to 1.30+ and run
+   `helm upgrade --reuse-values` to get the policies.
+{{- end }}
+{{- if and .Values.nonHostNetwork.enabled (not (include "rdma.admissionPolicyAvailable" .)) }}
+   No IPC_LOCK warning policy is installed: this cluster does not serve
+   admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes < 1.30).
+{{- end }}
+{{- if and .Values.metrics.enabled .Values.metrics.podMonitor.enabled (not (include "rdma.podMonitorAvailable" .)) }}
+
+NOTE: metrics.podMonitor.enabled is set but this cluster does not serve
+monitoring.coreos.com/v1 PodMonitor (no Prometheus Operator): no PodMonitor was installed.
+{{- end }}
+{{- if and .Values.metrics.enabled .Values.metrics.prometheusRule.enabled (not (include "rdma.prometheusRuleAvailable" .)) }}
+
+NOTE: metrics.prometheusRule.enabled is set but this cluster does not serve
+monitoring.coreos.com/v1 PrometheusRule (no Prometheus Operator): no alerts were installed.
+{{- end }}
+
+When something does not work: rdma-hca doctor (cluster view, from your workstation), and on
+a node: kubectl -n {{ .Release.Namespace }} exec <plugin pod> -- rdma-hca doctor --node
+{{- end -}}
