@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
 from rdma_hca.node.sysfs import (
     UNKNOWN,
-    discover,
     discover_node,
     natural_key,
-    read_netns_mode,
     read_port_counters,
     read_port_states,
 )
