@@ -152,8 +152,12 @@ async def test_port_counters_leave_out_a_stuck_counter(node: sim.SimNode) -> Non
     assert "port_xmit_data" not in counters[("mlx5_1", 1)]
     assert "port_rcv_data" in counters[("mlx5_1", 1)]
     assert reader.stalls_total == 1
-    # A stuck file of an HCA makes its state unknown until it answers again.
+    # A stuck file of an HCA makes its state unknown until it answers again, in the port
+    # states and in discovery alike.
     assert (await reader.port_states())[("mlx5_1", 1)] == (UNKNOWN, UNKNOWN)
+    inv = await reader.discover()
+    assert inv.stalled == (_abs(node, "class/infiniband/mlx5_1/ports/1/counters/port_xmit_data"),)
+    assert [h.any_port_up for h in inv.hcas] == [True, False]
 
 
 async def test_netns_mode_off_the_loop(node: sim.SimNode) -> None:

@@ -83,8 +83,8 @@ class Discovery(PortWalk, PciWalk):
 
     def hca(self, raw_name: str, hca_dir: str) -> Hca:
         name = display_name(raw_name)
-        self.io.working_on(name)
         stalls_before = len(self.io.stalled)
+        self.io.working_on(name)
         parent = self.parent(hca_dir)
         guid = self.matching(
             os.path.join(hca_dir, "node_guid"), GUID, "a GUID like b859:9f03:00d4:3c22"
@@ -105,7 +105,7 @@ class Discovery(PortWalk, PciWalk):
                 f"{name}: {', '.join(stalled)} did not answer in time; its ports are taken "
                 f"as {UNKNOWN} (not up) until every read of it answers again"
             )
-        problems = self.problems(name, raw_name)
+        problems = self.problems(name, raw_name, hca_dir)
         uverbs: CharDevice | None = None
         uverbs_name = self.uverbs.get(name)
         if uverbs_name is not None:
@@ -131,14 +131,14 @@ class Discovery(PortWalk, PciWalk):
             pcie_root=parent.pcie_root,
         )
 
-    def problems(self, name: str, raw_name: str) -> list[str]:
+    def problems(self, name: str, raw_name: str, hca_dir: str) -> list[str]:
         problems: list[str] = []
         if name != raw_name:
             # Containers get the name in RDMA_HCA_DEVICES and NCCL_IB_HCA; an escaped
             # form would name a device that does not exist there.
             problems.append(
-                "its name holds bytes that are not UTF-8 text (shown escaped); rename it "
-                "(rdma dev set <name> name <new-name>)"
+                f"its name holds bytes that are not UTF-8 text ({printable(hca_dir)}, shown "
+                "escaped); rename it (rdma dev set <name> name <new-name>)"
             )
         uverbs_name = self.uverbs.get(name)
         if uverbs_name is None:

@@ -184,6 +184,15 @@ class GuardedReads(Reads):
             if w.abandoned:
                 self.stuck.release(w)
 
+    def working_on(self, owner: str | None) -> None:
+        """Files of ``owner`` stuck in an earlier call (a counter, say) count as stalled
+        for this one too: while one of its reads hangs, the HCA's state is unknown."""
+        self.watch.owner = owner
+        if owner is not None and self.stuck.paths:
+            with self.stuck.lock:
+                held = [p for p, o in self.stuck.paths.items() if o == owner]
+            self.stalled.extend(p for p in held if p not in self.stalled)
+
     def any_stuck_under(self, directory: str) -> bool:
         if not self.stuck.paths:
             return False
