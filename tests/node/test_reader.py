@@ -8,6 +8,7 @@ writing), so no test leaves a thread hung behind it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -93,8 +94,9 @@ def test_every_stuck_file_is_named_and_the_call_still_returns(node: sim.SimNode)
 
 
 async def test_reader_remembers_a_stuck_file_and_reads_it_again_once_it_returns(
-    node: sim.SimNode,
+    node: sim.SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rdma_hca.node.reader")
     rel = "class/infiniband/mlx5_1/ports/1/phys_state"
     path = _abs(node, rel)
     node.replace_with_fifo(rel)
@@ -109,12 +111,15 @@ async def test_reader_remembers_a_stuck_file_and_reads_it_again_once_it_returns(
         assert again.stalled == (path,)
     assert reader.stalls_total == 1
     assert _hung("rdma-hca-discover") == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and path in said[0]
     states = await reader.port_states()
     assert states[("mlx5_1", 1)] == (UNKNOWN, UNKNOWN)
     assert states[("mlx5_0", 1)] == ("ACTIVE", "LinkUp")
 
     node.release_fifo(rel)
     _wait_until(lambda: not reader.stuck, "the released read to come back")
+    assert any("answered again" in r.getMessage() for r in caplog.records)
     healed = await reader.discover()
     assert healed.stalled == ()
     assert {h.name: h.any_port_up for h in healed.hcas} == {"mlx5_0": True, "mlx5_1": True}

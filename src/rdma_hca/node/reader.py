@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import TypeVar
 
 from rdma_hca.node.discovery import Discovery
 from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.parse import printable
 from rdma_hca.node.reads import (
     Abandoned,
     DiscoveryFailed,
@@ -52,6 +54,7 @@ from rdma_hca.node.walk import StrPath
 __all__ = ["DEFAULT_DEADLINE", "DiscoveryFailed", "NodeReader", "discover_bounded"]
 
 T = TypeVar("T")
+log = logging.getLogger("rdma_hca.node.reader")
 
 DEFAULT_DEADLINE = 5.0
 """Seconds one call may take before the read it waits on is given up."""
@@ -111,7 +114,12 @@ def _supervise(
             waited = now - since
             past_call_deadline = now - started >= deadline
             if waited >= deadline or (past_call_deadline and waited >= grace):
-                if stuck.give_up(watch, seen) is not None:
+                path = stuck.give_up(watch, seen)
+                if path is not None:
+                    # Once per stall: no second read of the path starts while this hangs.
+                    log.warning("sysfs: %s did not answer within %.3g s; its HCA's state is "
+                                "unknown until it does (reads of it answer 'unknown' at once "
+                                "meanwhile)", printable(path), waited)
                     gave_up = True
                     break
                 seen, since = (watch.seq, watch.base, watch.entry), now

@@ -14,6 +14,7 @@ use it through ``discover_node``; ``GuardedReads`` adds the checks.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 
@@ -109,8 +110,13 @@ class StuckFiles:
         """Called by an abandoned thread when its read came back: the path may be read
         again. Always raises Abandoned so the thread stops."""
         with self.lock:
-            if watch.stuck_path is not None:
-                self.paths.pop(watch.stuck_path, None)
+            path = watch.stuck_path
+            if path is not None:
+                # Said before the path is free, so whoever sees it free has seen this too.
+                logging.getLogger("rdma_hca.node.reader").info(
+                    "sysfs: %s answered again; it is read normally from now on",
+                    printable(path))
+                self.paths.pop(path, None)
                 watch.stuck_path = None
         raise Abandoned
 
