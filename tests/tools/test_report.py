@@ -325,3 +325,16 @@ def test_discover_names_a_file_that_never_answers(small: sim.SimNode) -> None:
     data = json.loads(raw)
     assert data["stalled"] == [path]
     assert [h["name"] for h in data["hcas"]] == ["mlx5_0", "mlx5_1"]
+
+
+def test_the_discover_command_prints_json_and_exits_0(
+    small: sim.SimNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rdma_hca.tools import cli
+
+    argv = ["discover", "--json", "--sysfs-root", str(small.sysfs_root),
+            "--dev-root", str(small.dev_root)]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [h["pcie_root"] for h in data["hcas"]] == [
+        small.expected_pcie_root("mlx5_0"), small.expected_pcie_root("mlx5_1")]
