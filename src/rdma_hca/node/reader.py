@@ -95,7 +95,7 @@ def _supervise(
 ) -> tuple[T, list[str]]:
     """Run ``job`` until an attempt finishes; returns its result and the paths it was
     refused because they were stuck (its ``reads.stalled``)."""
-    grace = max(0.02, min(deadline, 0.5, deadline / 10))
+    grace = min(deadline, max(0.25, deadline / 10))
     poll = max(0.005, min(deadline / 8, 0.1))
     started = time.monotonic()
     while True:
