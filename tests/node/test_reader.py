@@ -224,3 +224,20 @@ def test_plain_discovery_matches_the_bounded_one(node: sim.SimNode) -> None:
 
 def test_discovery_failed_is_exported() -> None:
     assert issubclass(DiscoveryFailed, Exception)
+
+
+async def test_a_thread_given_up_on_stops_instead_of_hanging_on_the_next_file(
+    node: sim.SimNode,
+) -> None:
+    first, second = (f"class/infiniband/mlx5_0/ports/1/gids/{i}" for i in (5, 6))
+    node.replace_with_fifo(first)
+    node.replace_with_fifo(second)
+    reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    inv = await reader.discover()
+    assert inv.stalled == (_abs(node, first), _abs(node, second))
+    assert _hung("rdma-hca-discover") == 2
+    node.release_fifo(first)
+    # The thread that hung on gids/5 returns and stops; it does not go on to gids/6,
+    # where a thread already hangs.
+    _wait_until(lambda: _hung("rdma-hca-discover") == 1, "the released thread to stop")
+    assert reader.stuck == frozenset({_abs(node, second)})
