@@ -119,9 +119,10 @@ def _supervise(
                 if path is not None:
                     # Once per stall: no second read of the path starts while this hangs.
                     if log_stalls:
-                        log.warning("sysfs: %s did not answer within %g s; its HCA's state "
-                                    "is unknown until it does (reads of it answer 'unknown' "
-                                    "at once meanwhile)", printable(path), limit)
+                        log.warning("sysfs: %s did not answer in %.1f s (read deadline %g s); "
+                                    "its HCA's state is unknown until it does (reads of it "
+                                    "answer 'unknown' at once meanwhile)",
+                                    printable(path), waited, deadline)
                     gave_up = True
                     break
                 seen, since = (watch.seq, watch.base, watch.entry), now
