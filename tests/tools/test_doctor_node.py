@@ -86,7 +86,7 @@ class Host:
                 "--readyz-url", self.readyz_url, *extra]
         args = parse_command("doctor", add_parser, argv)
         assert not isinstance(args, int)
-        args.read_deadline = deadline
+        args.read_deadline_seconds = deadline
         out = io.StringIO()
         status = doctor_node.run(args, out=out, env={})
         return status, out.getvalue()

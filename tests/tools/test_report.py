@@ -244,7 +244,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sim.SimNode]:
 
 def _discover(node: sim.SimNode, *, as_json: bool, deadline: float = 5.0) -> tuple[int, str]:
     args = argparse.Namespace(sysfs_root=str(node.sysfs_root), dev_root=str(node.dev_root),
-                              json=as_json, read_deadline=deadline)
+                              json=as_json, read_deadline_seconds=deadline)
     out = io.StringIO()
     status = report.run(args, out=out)
     return status, out.getvalue()

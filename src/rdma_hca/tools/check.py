@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from rdma_hca.daemon.config import BY_KEY, ConfigError, add_flags
 from rdma_hca.node.model import Hca
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
+from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command
 from rdma_hca.tools.report import clean_json, printable_lines
@@ -54,21 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     p.add_argument("--dev-root", default="/dev", help="where device nodes live")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--read-deadline", type=_seconds, default=DEFAULT_DEADLINE, metavar="SECONDS",
-                   help="give up on a sysfs file that has not answered after this long "
-                        f"(default {DEFAULT_DEADLINE:g})")
+    add_flags(p, [BY_KEY["readDeadlineSeconds"]])
     p.set_defaults(func=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds between 0 and 3600 (e.g. 5)")
-    return value
 
 
 def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
@@ -79,7 +68,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         env=os.environ if env is None else env,
-        deadline=getattr(args, "read_deadline", None) or DEFAULT_DEADLINE,
+        deadline=read_deadline(args),
     )
     ok = all(c.ok for c in checks)
     if args.json:
@@ -336,4 +325,8 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
     args = parse_command("check", add_parser, argv)
     if isinstance(args, int):
         return args
-    return run(args, env=env)
+    try:
+        return run(args, env=env)
+    except ConfigError as exc:
+        print(f"rdma-hca check: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -88,9 +88,13 @@ def _fill_machine_defaults(args: argparse.Namespace, env: Mapping[str, str]) -> 
     Returns dest -> how to name where each filled value came from.
     """
     dests = {"sysfs_root": "sysfsRoot", "dev_root": "devRoot", "kubelet_dir": "kubeletDir"}
-    if not any(getattr(args, d, "") is None for d in dests):
+    deadline = "read_deadline_seconds"
+    if not hasattr(args, deadline) and not any(getattr(args, d, "") is None for d in dests):
         return {}
     machine = machine_settings(args, env)
+    if hasattr(args, deadline):
+        # Given as text by the flag or the variable; validated like serve's.
+        setattr(args, deadline, machine.read_deadline_seconds)
     sources = {}
     for dest, key in dests.items():
         if hasattr(args, dest) and getattr(args, dest) is None:
@@ -210,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     disc = sub.add_parser("discover", help="print the node's RDMA HCAs, ports and device nodes")
     disc.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    add_flags(disc, [BY_KEY["sysfsRoot"], BY_KEY["devRoot"]])
+    add_flags(disc, [BY_KEY["sysfsRoot"], BY_KEY["devRoot"], BY_KEY["readDeadlineSeconds"]])
     disc.set_defaults(func=cmd_discover)
 
     simulate = sub.add_parser("simulate", help="write a simulated node's sysfs and /dev trees "

@@ -26,7 +26,8 @@ from typing import TextIO
 
 from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeInventory, Port
 from rdma_hca.node.parse import printable, unusable_warning
-from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
+from rdma_hca.node.reader import DiscoveryFailed, discover_bounded
+from rdma_hca.tools.deadline import read_deadline
 
 __all__ = [
     "EXIT_OK",
@@ -345,10 +346,10 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     """``rdma-hca discover``: bounded discovery, then tables or JSON (exit codes above).
 
     Reads ``args.sysfs_root``, ``args.dev_root``, ``args.json`` and, when the command
-    line has it, ``args.read_deadline`` (seconds; default 5).
+    line has it, ``args.read_deadline_seconds`` (seconds; default 5).
     """
     stream = out if out is not None else sys.stdout
-    deadline = getattr(args, "read_deadline", None) or DEFAULT_DEADLINE
+    deadline = read_deadline(args)
     try:
         inventory = discover_bounded(args.sysfs_root, args.dev_root, deadline=deadline)
     except DiscoveryFailed as exc:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from rdma_hca.daemon.config import BY_KEY, add_flags
 from rdma_hca.tools.doctor import cluster, kubeapi, render
 from rdma_hca.tools.doctor.result import parse_command
 
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--node", action="store_true", help="check this node instead of the cluster")
     nd.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     nd.add_argument("--dev-root", default="/dev", help="where device nodes live")
+    add_flags(nd, [BY_KEY["readDeadlineSeconds"]])
     nd.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
                     help="the kubelet's device-plugins directory")
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")

@@ -28,6 +28,7 @@ from rdma_hca.daemon.config import ConfigError, load_settings
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
+from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
 from rdma_hca.tools.report import clean_json, printable_lines
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
         kubelet_dir=Path(args.kubelet_dir),
         readyz_url=args.readyz_url,
         non_host_network=non_host_network,
-        read_deadline=getattr(args, "read_deadline", None) or DEFAULT_DEADLINE,
+        read_deadline=read_deadline(args),
     )
     try:
         report = diagnose(options)
