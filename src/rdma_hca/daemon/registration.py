@@ -32,6 +32,8 @@ REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s
 # Only the kubelet (root) needs to reach the socket: any local user who can connect
 # could allocate devices.
 SOCKET_MODE = 0o600
+# sun_path holds 108 bytes with the terminating NUL.
+UNIX_PATH_MAX = 107
 
 KubeletId = tuple[int, int]
 
@@ -82,6 +84,10 @@ class PoolServer:
         self._inode: tuple[int, int] | None = None
 
     async def start(self) -> None:
+        path = os.path.abspath(self.path)
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise OSError(f"the path is {len(path.encode())} bytes, over the unix socket limit "
+                          f"of {UNIX_PATH_MAX}; use a shorter --kubelet-dir")
         # A socket left by a process killed with -9 (or anything else on our name)
         # would make bind fail.
         with contextlib.suppress(FileNotFoundError):
@@ -95,7 +101,7 @@ class PoolServer:
         # one call so the socket is never reachable by others, even for a moment.
         old = os.umask(0o177)
         try:
-            server.add_insecure_port("unix://" + os.path.abspath(self.path))
+            server.add_insecure_port("unix://" + path)
         finally:
             os.umask(old)
         try:
