@@ -100,7 +100,7 @@ def test_missing_device_node_is_never_advertised_as_working() -> None:
     resp = view.allocate(["hca-0000"])
     paths = [d.host_path for d in resp.devices]
     assert "/dev/infiniband/uverbs6" not in paths
-    assert "mlx5_2" not in resp.env["RDMA_HCA_DEVICES"].split(",")
+    assert "mlx5_2" not in dict(resp.envs)["RDMA_HCA_DEVICES"].split(",")
 
 
 def test_shared_allocate_gives_rdma_cm_and_every_uverbs() -> None:
@@ -110,8 +110,8 @@ def test_shared_allocate_gives_rdma_cm_and_every_uverbs() -> None:
     assert paths[0] == "/dev/infiniband/rdma_cm"
     assert sorted(paths[1:]) == sorted(f"/dev/infiniband/uverbs{(i * 3) % 8}" for i in range(8))
     assert all(d.host_path == d.container_path and d.permissions == "rw" for d in resp.devices)
-    assert resp.env["RDMA_HCA_DEVICES"] == ",".join(f"mlx5_{i}" for i in range(8))
-    assert "NCCL_IB_HCA" not in resp.env
+    assert dict(resp.envs)["RDMA_HCA_DEVICES"] == ",".join(f"mlx5_{i}" for i in range(8))
+    assert "NCCL_IB_HCA" not in dict(resp.envs)
 
 
 def test_infiniband_ports_add_umad_roce_ports_do_not() -> None:
@@ -126,7 +126,7 @@ def test_infiniband_ports_add_umad_roce_ports_do_not() -> None:
 
 def test_nccl_env_is_an_exact_list() -> None:
     view = select(PoolConfig(), inv(hca("mlx5_1", 0), hca("mlx5_10", 1)), nccl_env=True)
-    assert view.allocate(["hca-0000"]).env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
+    assert dict(view.allocate(["hca-0000"]).envs)["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
 
 
 def test_unknown_ids_are_named() -> None:
@@ -181,7 +181,7 @@ def test_exclusive_ids_fall_back_to_names() -> None:
 def test_exclusive_allocate_only_the_allocated_hcas() -> None:
     view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*gpu_hcas()))
     resp = view.allocate(["0000:1b:00.0", "0000:1d:00.0"])
-    assert resp.env["RDMA_HCA_DEVICES"] == "mlx5_1,mlx5_3"
+    assert dict(resp.envs)["RDMA_HCA_DEVICES"] == "mlx5_1,mlx5_3"
     assert [d.container_path for d in resp.devices] == [
         "/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs3", "/dev/infiniband/uverbs1"]
 
@@ -254,7 +254,8 @@ def test_allocation_is_a_plain_record_with_topology() -> None:
     ids = exclusive_ids(view.hcas)
     a = view.allocate([ids["mlx5_1"], ids["mlx5_5"]])
     assert a.hcas == ("mlx5_1", "mlx5_5")
-    assert a.env == {"RDMA_HCA_DEVICES": "mlx5_1,mlx5_5", "NCCL_IB_HCA": "=mlx5_1,mlx5_5"}
+    assert dict(a.envs) == {"RDMA_HCA_DEVICES": "mlx5_1,mlx5_5",
+                            "NCCL_IB_HCA": "=mlx5_1,mlx5_5"}
     assert a.numa_nodes == (0, 1)
     assert a.mounts == () and a.cdi_devices == ()
     assert hash(a) == hash(view.allocate([ids["mlx5_1"], ids["mlx5_5"]]))
@@ -271,7 +272,6 @@ def test_unknown_ids_show_a_short_prefix_only() -> None:
     text = str(err.value)
     assert len(text) < 600
     assert "(100000 characters)" in text and text.endswith("bogus-3 and 9996 more")
-    assert err.value.count == 10_001
 
 
 @pytest.mark.parametrize("when", [UnhealthyWhen.ANY, UnhealthyWhen.ALL])

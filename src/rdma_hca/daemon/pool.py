@@ -14,7 +14,7 @@ misses none) offers no device at all.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rdma_hca.daemon.bounds import shorten_ids
@@ -33,7 +33,6 @@ class UnknownDeviceIds(ValueError):
     def __init__(self, resource: str, ids: Sequence[str]) -> None:
         # The IDs come from the caller: show a few, each cut short, never all of them.
         super().__init__(f"unknown device IDs for {resource}: {shorten_ids(ids)}")
-        self.count = len(ids)
         self.ids = tuple(ids[:10])
 
 
@@ -72,10 +71,6 @@ class Allocation:
     mounts: tuple[Mount, ...] = ()
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names
     numa_nodes: tuple[int, ...] = ()
-
-    @property
-    def env(self) -> Mapping[str, str]:
-        return dict(self.envs)
 
 
 @dataclass(frozen=True, slots=True)
