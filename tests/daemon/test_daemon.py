@@ -204,6 +204,7 @@ async def test_hca_removed_and_added_back(daemon: Daemon, kubelet: KubeletEmulat
     node.add_hca(spec)
     assert await wait_until(lambda: daemon.inventory is not None
                             and "mlx5_5" in [h.name for h in daemon.inventory.hcas], 5)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
     resp = await kubelet.admit_pod(R, 1)
     assert "mlx5_5" in resp.envs["RDMA_HCA_DEVICES"].split(",")
 

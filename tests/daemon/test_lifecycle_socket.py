@@ -15,6 +15,7 @@ from lifecycle_support import R, running, settings_for
 
 from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.daemon.kubelet import socket_name
+from rdma_hca.daemon.registration import State
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.kit.aio import wait_until
@@ -70,10 +71,12 @@ async def test_a_replaced_or_removed_socket_is_served_again(
                                     and kubelet.calls == 2, 5)
             await asyncio.sleep(0.2)
             assert not d.ready()
+            assert d.lifecycle.pools[R].state is State.REGISTERING
             kubelet.release.set()
             await kubelet.wait_for(lambda: kubelet.registrations(R) == 2
                                    and kubelet.allocatable(R) == 1000)
             assert await wait_until(d.ready, 5)
+            assert d.lifecycle.pools[R].state is State.REGISTERED
             assert sock.is_socket()
     finally:
         await kubelet.stop()

@@ -92,3 +92,15 @@ async def test_an_hca_back_under_a_new_name_is_not_missing() -> None:
     await runtime.update(inv(replace(hcas[0], name="mlx5_9"), *hcas[1:]))
     assert runtime.missing_hcas == ()
     assert all(d.healthy for d in runtime.state.devices)
+
+
+async def test_a_vanished_hca_sharing_a_pci_address_stays_missing() -> None:
+    from test_pool import gpu_hcas, hca, inv
+
+    hcas = gpu_hcas()
+    bond = hca("mlx5_bond_0", 9, pci=hcas[0].pci_address)
+    runtime = PoolRuntime(PoolConfig())
+    await runtime.update(inv(*hcas, bond))
+    await runtime.update(inv(*hcas))
+    # mlx5_0 holds that address but was always there: the bond has not come back.
+    assert runtime.missing_hcas == ("mlx5_bond_0",)

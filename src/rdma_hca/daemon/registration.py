@@ -98,7 +98,9 @@ class PoolServer:
         ])
         self.service.add_to(server)
         # The socket is created by bind with the process umask: narrow it for that
-        # one call so the socket is never reachable by others, even for a moment.
+        # one call so the socket is never reachable by others, even for a moment. The
+        # umask is the process's, but nothing else creates files meanwhile: this runs
+        # on the event loop's thread, and the worker threads only read.
         old = os.umask(0o177)
         try:
             server.add_insecure_port("unix://" + path)

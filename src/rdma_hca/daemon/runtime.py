@@ -62,10 +62,11 @@ class PoolRuntime:
 
     def _missing(self, present: tuple[Hca, ...]) -> list[Hca]:
         names = {h.name for h in present}
-        addresses = {h.pci_address for h in present if h.pci_address}
-        # One that comes back under another name (a driver reload renames) is back.
+        # One that comes back under a new name (a driver reload renames) is back: its
+        # PCI address is that of an HCA the pool never held by that name.
+        renamed = {h.pci_address for h in present if h.pci_address and h.name not in self._held}
         for old in [h for h in self._held.values()
-                    if h.name not in names and h.pci_address and h.pci_address in addresses]:
+                    if h.name not in names and h.pci_address and h.pci_address in renamed]:
             del self._held[old.name]
         for h in present:
             self._held[h.name] = h
