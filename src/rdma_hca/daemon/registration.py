@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.bounds import MAX_RECEIVE_BYTES, MAX_SEND_BYTES
+from rdma_hca.daemon.bounds import MAX_RECEIVE_BYTES
 from rdma_hca.daemon.plugin import DevicePluginService
 from rdma_hca.daemon.runtime import PoolRuntime
 
@@ -92,10 +92,8 @@ class PoolServer:
         # would make bind fail.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-            ("grpc.max_send_message_length", MAX_SEND_BYTES),
-        ])
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
         self.service.add_to(server)
         # The socket is created by bind with the process umask: narrow it for that
         # one call so the socket is never reachable by others, even for a moment. The
