@@ -6,6 +6,7 @@ refuse cheaply, say so in one short line, and keep serving the kubelet.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.daemon.bounds import MAX_RECEIVE_BYTES
 from rdma_hca.daemon.config import Mode, PoolConfig
 from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.plugin import MAX_CONTAINERS
+from rdma_hca.daemon.plugin import MAX_CONTAINERS, MAX_OTHER_STREAMS
 from rdma_hca.daemon.pool import exclusive_ids
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
@@ -146,3 +147,31 @@ async def test_20k_plus_20k_preferred_allocation_is_answered(
         assert got[:20_000] == must and len(got) == 20_002
         assert await kubelet.admit_pod(R, 2)
 
+
+
+@pytest.mark.usefixtures("daemon")
+async def test_other_clients_streams_are_capped(plugin_dir: Path,
+                                                kubelet: KubeletEmulator) -> None:
+    async with plugin_stub(plugin_dir) as stub:
+        streams = [stub.ListAndWatch(api_pb2.Empty()) for _ in range(MAX_OTHER_STREAMS)]
+        for s in streams:
+            assert len((await s.read()).devices) == 1000
+        extra = stub.ListAndWatch(api_pb2.Empty())
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await extra.read()
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        streams[0].cancel()
+        again = stub.ListAndWatch(api_pb2.Empty())
+        for _ in range(50):  # the cancelled stream's end reaches the server soon
+            try:
+                assert len((await again.read()).devices) == 1000
+                break
+            except grpc.aio.AioRpcError:
+                again = stub.ListAndWatch(api_pb2.Empty())
+                await asyncio.sleep(0.02)
+        else:
+            pytest.fail("a stream slot never came free")
+        for s in [*streams, again]:
+            s.cancel()
+    assert kubelet.registrations(R) == 1
+    await still_serves(kubelet)

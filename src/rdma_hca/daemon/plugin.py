@@ -6,7 +6,8 @@ itself: the kubelet lifecycle (``kubelet.py``) owns the server it runs in.
 Any local process that can open the socket can call it, so every handler is bounded:
 gRPC refuses requests over ``bounds.MAX_RECEIVE_BYTES`` before decoding them, a request
 that does not decode is one throttled WARNING and ``INVALID_ARGUMENT`` (never gRPC's
-ERROR traceback), a request names at most ``MAX_CONTAINERS`` containers, and error
+ERROR traceback), a request names at most ``MAX_CONTAINERS`` containers, at most
+``MAX_OTHER_STREAMS`` streams of clients other than the kubelet are open, and error
 texts and log lines show only a short prefix of what the client sent.
 
 Which ListAndWatch stream is the kubelet's: the first one opened after the lifecycle
@@ -43,6 +44,9 @@ SERVICE = "v1beta1.DevicePlugin"
 # The kubelet sends one container request per container of the pod that asks for the
 # resource; no real pod comes near this, and it bounds the work one call can ask for.
 MAX_CONTAINERS = 1000
+# Streams other than the kubelet's (tools, probes) each hold a task and a copy of the
+# list; more than this at once is refused, the kubelet's own stream never is.
+MAX_OTHER_STREAMS = 32
 # Allocate answers by allocation; exclusive pools have one per HCA set in use.
 _PROTO_CACHE = 256
 
@@ -122,6 +126,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._stopped = asyncio.Event()
         self._awaiting_kubelet = False
         self.streams = 0  # open ListAndWatch streams, the kubelet's and others'
+        self._others = 0  # of which not the kubelet's
         self._throttle = Throttle()
         self._protos: dict[int, tuple[Allocation, api_pb2.ContainerAllocateResponse]] = {}
 
@@ -200,9 +205,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         resource = self.runtime.config.resource_name
         kubelets = self._awaiting_kubelet
         self._awaiting_kubelet = False
+        if not kubelets and self._others >= MAX_OTHER_STREAMS:
+            await self._refuse(context, "ListAndWatch",
+                               f"{self._others} ListAndWatch streams of other clients are "
+                               "open already; close one first",
+                               grpc.StatusCode.RESOURCE_EXHAUSTED)
         log.debug("ListAndWatch stream opened for %s (%s)", resource,
                   "the kubelet's" if kubelets else "another client's")
         self.streams += 1
+        self._others += not kubelets
         try:
             seen = state.generation
             yield to_proto(state.devices)
@@ -217,6 +228,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 yield to_proto(state.devices)
         finally:
             self.streams -= 1
+            self._others -= not kubelets
             if not self.stopping and kubelets:
                 log.warning("the kubelet closed the ListAndWatch stream of %s", resource)
                 if self.on_stream_end is not None:
