@@ -174,10 +174,8 @@ class KubeletLifecycle:
             self._wake.clear()
             if self._hurry:
                 delay, self._hurry = 0.0, False
-            failed = False
-            if not self._dir_ready():
-                failed = True
-            else:
+            failed = not self._dir_ready()
+            if not failed:
                 for resource in sorted(self.pools):
                     p = self.pools[resource]
                     kubelet = kubelet_id(self.kubelet_dir)
