@@ -196,11 +196,15 @@ async def test_hca_removed_and_added_back(daemon: Daemon, kubelet: KubeletEmulat
     node.remove_hca("mlx5_5")
     assert await wait_until(lambda: daemon.inventory is not None
                             and "mlx5_5" not in [h.name for h in daemon.inventory.hcas], 5)
-    resp = await kubelet.admit_pod(R, 1)
+    # A vanished HCA counts as down until it returns: no pod is admitted meanwhile.
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    alloc = await kubelet.allocate(R, [["hca-0001"]])
+    resp = alloc.container_responses[0]
     assert "mlx5_5" not in resp.envs["RDMA_HCA_DEVICES"].split(",")
     node.add_hca(spec)
     assert await wait_until(lambda: daemon.inventory is not None
                             and "mlx5_5" in [h.name for h in daemon.inventory.hcas], 5)
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
     resp = await kubelet.admit_pod(R, 1)
     assert "mlx5_5" in resp.envs["RDMA_HCA_DEVICES"].split(",")
 

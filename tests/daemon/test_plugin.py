@@ -92,3 +92,21 @@ async def test_list_is_sent_again_at_the_resend_interval(
     again = await asyncio.wait_for(stream.read(), 10)
     assert again == first
     stream.cancel()
+
+
+def test_an_allocation_record_becomes_its_message() -> None:
+    from rdma_hca.daemon.plugin import allocation_proto
+    from rdma_hca.daemon.pool import Allocation, DeviceSpec, Mount
+
+    record = Allocation(
+        hcas=("mlx5_0",), envs=(("RDMA_HCA_DEVICES", "mlx5_0"),),
+        devices=(DeviceSpec("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rw"),),
+        mounts=(Mount("/etc/x", "/host/x", True),),
+        cdi_devices=("rdma-hca.io/hca=mlx5_0",), numa_nodes=(1,))
+    message = allocation_proto(record)
+    assert dict(message.envs) == {"RDMA_HCA_DEVICES": "mlx5_0"}
+    assert [(d.container_path, d.host_path, d.permissions) for d in message.devices] == [
+        ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rw")]
+    assert [(m.container_path, m.host_path, m.read_only) for m in message.mounts] == [
+        ("/etc/x", "/host/x", True)]
+    assert [c.name for c in message.cdi_devices] == ["rdma-hca.io/hca=mlx5_0"]

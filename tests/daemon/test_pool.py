@@ -82,9 +82,10 @@ def test_unhealthy_when_any_and_all() -> None:
     assert not any(d.healthy for d in all_down.devices())
 
 
-def test_no_hcas_or_no_rdma_cm_is_unhealthy_not_empty() -> None:
+def test_a_pool_without_hcas_advertises_nothing_and_no_rdma_cm_is_unhealthy() -> None:
     empty = select(PoolConfig(rdma_hca_max=4), inv())
-    assert len(empty.devices()) == 4 and not any(d.healthy for d in empty.devices())
+    # Not 4 Unhealthy devices: a capacity the node can never allocate is only noise.
+    assert empty.devices() == []
     assert "no RDMA HCA matches" in empty.problems()[0]
     no_cm = select(PoolConfig(rdma_hca_max=4), inv(*gpu_hcas(), rdma_cm=None))
     assert not any(d.healthy for d in no_cm.devices())
@@ -99,7 +100,7 @@ def test_missing_device_node_is_never_advertised_as_working() -> None:
     resp = view.allocate(["hca-0000"])
     paths = [d.host_path for d in resp.devices]
     assert "/dev/infiniband/uverbs6" not in paths
-    assert "mlx5_2" not in resp.envs["RDMA_HCA_DEVICES"].split(",")
+    assert "mlx5_2" not in dict(resp.envs)["RDMA_HCA_DEVICES"].split(",")
 
 
 def test_shared_allocate_gives_rdma_cm_and_every_uverbs() -> None:
@@ -109,8 +110,8 @@ def test_shared_allocate_gives_rdma_cm_and_every_uverbs() -> None:
     assert paths[0] == "/dev/infiniband/rdma_cm"
     assert sorted(paths[1:]) == sorted(f"/dev/infiniband/uverbs{(i * 3) % 8}" for i in range(8))
     assert all(d.host_path == d.container_path and d.permissions == "rw" for d in resp.devices)
-    assert resp.envs["RDMA_HCA_DEVICES"] == ",".join(f"mlx5_{i}" for i in range(8))
-    assert "NCCL_IB_HCA" not in resp.envs
+    assert dict(resp.envs)["RDMA_HCA_DEVICES"] == ",".join(f"mlx5_{i}" for i in range(8))
+    assert "NCCL_IB_HCA" not in dict(resp.envs)
 
 
 def test_infiniband_ports_add_umad_roce_ports_do_not() -> None:
@@ -125,7 +126,7 @@ def test_infiniband_ports_add_umad_roce_ports_do_not() -> None:
 
 def test_nccl_env_is_an_exact_list() -> None:
     view = select(PoolConfig(), inv(hca("mlx5_1", 0), hca("mlx5_10", 1)), nccl_env=True)
-    assert view.allocate(["hca-0000"]).envs["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
+    assert dict(view.allocate(["hca-0000"]).envs)["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
 
 
 def test_unknown_ids_are_named() -> None:
@@ -180,7 +181,7 @@ def test_exclusive_ids_fall_back_to_names() -> None:
 def test_exclusive_allocate_only_the_allocated_hcas() -> None:
     view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*gpu_hcas()))
     resp = view.allocate(["0000:1b:00.0", "0000:1d:00.0"])
-    assert resp.envs["RDMA_HCA_DEVICES"] == "mlx5_1,mlx5_3"
+    assert dict(resp.envs)["RDMA_HCA_DEVICES"] == "mlx5_1,mlx5_3"
     assert [d.container_path for d in resp.devices] == [
         "/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs3", "/dev/infiniband/uverbs1"]
 
@@ -220,3 +221,76 @@ def test_preferred_allocation_takes_hcas_in_name_order_within_a_numa_node() -> N
             hca("mlx5_2", 1, numa=0, pci="0000:1b:00.0")]
     view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*hcas))
     assert view.preferred(["0000:0a:00.0", "0000:1b:00.0"], [], 1) == ["0000:1b:00.0"]
+
+
+class _CountedId(str):
+    """A device ID that counts how often it is hashed: a measure of work, not of time."""
+
+    hashes = 0
+
+    def __hash__(self) -> int:
+        _CountedId.hashes += 1
+        return str.__hash__(self)
+
+
+@pytest.mark.parametrize("mode", [Mode.SHARED, Mode.EXCLUSIVE])
+def test_preferred_allocation_is_linear_in_its_input(mode: Mode) -> None:
+    # Long lists of available and must-include IDs, as a hostile client may send: the
+    # work per ID must stay constant (quadratic code hashes each ID once per other ID).
+    # The benchmark times 20k + 20k; here the work is counted, on a smaller input.
+    view = select(PoolConfig(mode=mode), inv(*gpu_hcas()))
+    n = 2_000
+    available = [_CountedId(f"hca-{i:05d}") for i in range(2 * n)]
+    must = available[::2]
+    _CountedId.hashes = 0
+    got = view.preferred(available, must, n + 5)
+    assert got[:n] == must
+    assert len(got) == n + 5
+    assert _CountedId.hashes < 20 * 2 * n
+
+
+def test_allocation_is_a_plain_record_with_topology() -> None:
+    view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*gpu_hcas()), nccl_env=True)
+    ids = exclusive_ids(view.hcas)
+    a = view.allocate([ids["mlx5_1"], ids["mlx5_5"]])
+    assert a.hcas == ("mlx5_1", "mlx5_5")
+    assert dict(a.envs) == {"RDMA_HCA_DEVICES": "mlx5_1,mlx5_5",
+                            "NCCL_IB_HCA": "=mlx5_1,mlx5_5"}
+    assert a.numa_nodes == (0, 1)
+    assert a.mounts == () and a.cdi_devices == ()
+    assert hash(a) == hash(view.allocate([ids["mlx5_1"], ids["mlx5_5"]]))
+    cdi = select(PoolConfig(), inv(*gpu_hcas()[:2]), cdi=True).allocate(["hca-0000"])
+    assert cdi.cdi_devices == ("rdma-hca.io/hca=mlx5_0", "rdma-hca.io/hca=mlx5_1")
+    assert cdi.devices == ()
+
+
+def test_unknown_ids_show_a_short_prefix_only() -> None:
+    view = select(PoolConfig(rdma_hca_max=10), inv(*gpu_hcas()))
+    huge = ["x" * 100_000] + [f"bogus-{i}" for i in range(10_000)]
+    with pytest.raises(UnknownDeviceIds) as err:
+        view.allocate(huge)
+    text = str(err.value)
+    assert len(text) < 600
+    assert "(100000 characters)" in text and text.endswith("bogus-3 and 9996 more")
+
+
+@pytest.mark.parametrize("when", [UnhealthyWhen.ANY, UnhealthyWhen.ALL])
+def test_a_missing_hca_counts_as_down(when: UnhealthyWhen) -> None:
+    hcas = gpu_hcas()
+    view = select(PoolConfig(unhealthy_when=when), inv(*hcas[1:]), missing=hcas[:1])
+    assert len(view.devices()) == 1000
+    assert all(d.healthy for d in view.devices()) is (when is UnhealthyWhen.ALL)
+    assert any("mlx5_0: disappeared" in p for p in view.problems())
+    # All gone: still advertised (Unhealthy), not an empty pool.
+    gone = select(PoolConfig(), inv(), missing=hcas)
+    assert len(gone.devices()) == 1000 and not any(d.healthy for d in gone.devices())
+
+
+def test_a_missing_hca_keeps_its_exclusive_id_unhealthy() -> None:
+    hcas = gpu_hcas()
+    view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*hcas[1:]), missing=hcas[:1])
+    devices = {d.id: d for d in view.devices()}
+    assert len(devices) == 8
+    assert not devices["0000:1a:00.0"].healthy
+    assert sum(d.healthy for d in devices.values()) == 7
+    assert view.allocate(["0000:1a:00.0"]).hcas == ()

@@ -309,6 +309,20 @@ async def test_stream_end_marks_every_device_unhealthy_and_is_never_reopened(
     assert kubelet.registrations(RESOURCE) == 2
 
 
+async def test_dropping_a_stream_cancels_it_at_the_plugin(
+    kubelet: KubeletEmulator, servers: list[grpc.aio.Server]
+) -> None:
+    plugin = await plugin_on(kubelet, servers)
+    await plugin.lists.put([dev("a"), dev("b")])
+    await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 2)
+    await kubelet.drop_stream(RESOURCE)
+    await asyncio.wait_for(plugin.stream_closed.wait(), 5)
+    assert kubelet.allocatable(RESOURCE) == 0 and kubelet.capacity(RESOURCE) == 2
+    assert any("dropped by the kubelet" in e for e in kubelet.events())
+    with pytest.raises(RuntimeError, match="no live ListAndWatch stream"):
+        await kubelet.drop_stream(RESOURCE)
+
+
 async def test_plugin_server_dying_counts_as_stream_end(
     kubelet: KubeletEmulator, servers: list[grpc.aio.Server]
 ) -> None:

@@ -13,14 +13,26 @@ import contextlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from rdma_hca.daemon.pool import CDI_VENDOR_CLASS, cdi_name
 from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger("rdma_hca.cdi")
+
+CDI_VENDOR_CLASS = "rdma-hca.io/hca"
+
+
+def cdi_name(hca_name: str) -> str:
+    """The CDI device name of an HCA: CDI allows only letters, digits, '_', '.' and '-'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", hca_name)
+
+
+def qualified_name(hca_name: str) -> str:
+    """What Allocate names: ``rdma-hca.io/hca=mlx5_0``."""
+    return f"{CDI_VENDOR_CLASS}={cdi_name(hca_name)}"
 
 # The lowest spec version that has every field written here; runtimes refuse a
 # spec whose version is newer than they know, so a low version loads everywhere.

@@ -3,10 +3,20 @@
 The kubelet deletes every socket in its device-plugins directory when it starts,
 creates ``kubelet.sock`` anew and never re-opens a ListAndWatch stream that ended.
 So three things mean "serve and register again": ``kubelet.sock`` appearing, our
-socket disappearing, and a stream ending while we meant to serve. All of them only
-mark a pool dirty and wake one reconcile task, which restarts servers one at a
-time with backoff; nothing else ever touches a server, so triggers that arrive
-together cannot race each other.
+socket disappearing (or being replaced by another file), and the kubelet's stream
+ending while we meant to serve. Other clients' streams do not count: the servicer
+tells the kubelet's stream apart (see ``plugin.py``). All triggers only mark a
+pool's :class:`Registration` as owed and wake one reconcile task, which restarts
+servers one at a time with backoff; nothing else ever touches a server, so triggers
+that arrive together cannot race each other.
+
+Each pool's registration moves through its states like this::
+
+    STOPPED --start--> OWED --serve, Register--> REGISTERING --ok, nothing newer owed-->
+    REGISTERED --trigger--> OWED ...        (a failed or given-up call goes back to OWED)
+
+A missing device-plugins directory is said once (with what to check) and then waited
+for quietly, with the same backoff.
 """
 
 from __future__ import annotations
@@ -15,101 +25,31 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 
-from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.daemon.plugin import DevicePluginService
+from rdma_hca.daemon.registration import (
+    KUBELET_SOCKET,
+    PoolServer,
+    RegisterCall,
+    Registration,
+    State,
+    kubelet_id,
+    register,
+    socket_name,
+)
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.kit.aio import cancel_all, unless
 
+__all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
+
 log = logging.getLogger("rdma_hca.kubelet")
 
-KUBELET_SOCKET = "kubelet.sock"
-API_VERSION = "v1beta1"
-REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s timeout
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
-
-
-KubeletId = tuple[int, int]
-
-
-def kubelet_id(kubelet_dir: str) -> KubeletId | None:
-    """Which kubelet.sock is there now: (inode, ctime), or None when there is none.
-
-    The inode alone is not enough (a new kubelet.sock can reuse the old inode number);
-    with the creation time it tells one kubelet start from the next.
-    """
-    try:
-        st = os.stat(os.path.join(kubelet_dir, KUBELET_SOCKET))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
-
-
-def socket_name(resource_name: str) -> str:
-    """Our socket's file name: one per resource, so pools restart independently."""
-    return "rdma-hca-" + re.sub(r"[^A-Za-z0-9]+", "-", resource_name).strip("-") + ".sock"
-
-
-async def register(kubelet_dir: str, endpoint: str, resource_name: str,
-                   options: api_pb2.DevicePluginOptions,
-                   timeout: float = REGISTER_TIMEOUT) -> None:
-    """Call ``Registration.Register`` on ``kubelet.sock``; raises ``grpc.aio.AioRpcError``."""
-    target = "unix://" + os.path.abspath(os.path.join(kubelet_dir, KUBELET_SOCKET))
-    # A subchannel of its own: gRPC would otherwise reuse a connection another channel
-    # holds to the same path, which may lead to the kubelet.sock that was just replaced.
-    channel_options = [("grpc.use_local_subchannel_pool", 1)]
-    async with grpc.aio.insecure_channel(target, options=channel_options) as channel:
-        stub = api_pb2_grpc.RegistrationStub(channel)
-        await stub.Register(
-            api_pb2.RegisterRequest(version=API_VERSION, endpoint=endpoint,
-                                    resource_name=resource_name, options=options),
-            timeout=timeout,
-        )
-
-
-class PoolServer:
-    """One pool's gRPC server on its own unix socket."""
-
-    def __init__(self, service: DevicePluginService, kubelet_dir: str) -> None:
-        self.service = service
-        self.path = os.path.join(kubelet_dir, socket_name(service.runtime.resource_name))
-        self._server: grpc.aio.Server | None = None
-        self._stopping: asyncio.Future[None] | None = None
-
-    async def start(self) -> None:
-        # A socket left by a process killed with -9 would make bind fail.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        server.add_insecure_port("unix://" + os.path.abspath(self.path))
-        await server.start()
-        self._server = server
-
-    async def stop(self, grace: float = 0.5) -> None:
-        """Stop once, even if called again or if the caller is cancelled meanwhile.
-
-        An interrupted gRPC server shutdown, or a second one started beside it, fails
-        inside gRPC ("invalid state"); so the shutdown runs as one task of its own.
-        """
-        if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._stop(grace))
-        await asyncio.shield(self._stopping)
-
-    async def _stop(self, grace: float) -> None:
-        self.service.stop()
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
 
 class KubeletLifecycle:
@@ -124,47 +64,48 @@ class KubeletLifecycle:
         backstop_seconds: float = 5.0,
         on_allocate: Callable[[str, float, bool], None] | None = None,
     ) -> None:
-        self.runtimes = {r.resource_name: r for r in runtimes}
+        self.pools = {r.resource_name: Registration(r) for r in runtimes}
         self.kubelet_dir = kubelet_dir
         self.resend_seconds = resend_seconds
         self.backstop_seconds = backstop_seconds
         self.on_allocate = on_allocate
-        self.servers: dict[str, PoolServer] = {}
         self._retired: list[PoolServer] = []
-        self.registered: dict[str, bool] = dict.fromkeys(self.runtimes, False)
-        self.registrations: dict[str, int] = dict.fromkeys(self.runtimes, 0)
         self.kubelet_restarts = 0
         self._wake = asyncio.Event()
         self._hurry = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_error: dict[str, str] = {}
-        # What a pool's registration answers: which kubelet.sock it went to, when the
-        # Register call began, and since when a new registration has been owed. Server
-        # restarts are owed the same way, by time: a trigger that arrives while a server
-        # is being replaced is answered by the server that replaces it, and only a trigger
-        # newer than the serving server asks for another. (All times are monotonic ns.)
-        self._registered_with: dict[str, KubeletId] = {}
-        self._registered_at: dict[str, int] = {}
-        self._need_since: dict[str, int] = {}
-        self._restart_since: dict[str, int] = {}
-        self._served_at: dict[str, int] = {}
-        # The Register call in flight: its pool, the kubelet.sock it went to, and the
-        # event that makes it give up.
-        self._inflight: tuple[str, KubeletId, asyncio.Event] | None = None
+        self._dir_missing = False
+
+    # --- what others read ---------------------------------------------------------------
+
+    @property
+    def registered(self) -> dict[str, bool]:
+        return {r: p.state is State.REGISTERED for r, p in self.pools.items()}
+
+    @property
+    def registrations(self) -> dict[str, int]:
+        return {r: p.registrations for r, p in self.pools.items()}
+
+    @property
+    def servers(self) -> dict[str, PoolServer]:
+        return {r: p.server for r, p in self.pools.items() if p.server is not None}
+
+    def ready(self) -> bool:
+        return all(p.state is State.REGISTERED for p in self.pools.values())
 
     # --- triggers -------------------------------------------------------------------
 
     def request(self, resource: str | None, reason: str, *, hurry: bool = False) -> None:
         """Owe a fresh server and a registration to one pool (or all, with None)."""
         now = time.monotonic_ns()
-        targets = list(self.runtimes) if resource is None else [resource]
-        for r in targets:
-            if self.registered[r] or not self._restart_owed(r):
-                log.info("%s: serve and register again: %s", r, reason)
-            self._restart_since[r] = now
-            self.registered[r] = False
-            self._need_since[r] = now
-            self._abandon_register(r, reason)
+        targets = list(self.pools.values()) if resource is None else [self.pools[resource]]
+        for p in targets:
+            if p.state is State.REGISTERED or not p.restart_owed:
+                log.info("%s: serve and register again: %s", p.resource, reason)
+            if p.state is State.STOPPED:
+                p.state = State.OWED
+            p.owe(now)
+            p.give_up(reason)
         self._hurry = self._hurry or hurry
         self._wake.set()
 
@@ -178,51 +119,28 @@ class KubeletLifecycle:
         """
         self.kubelet_restarts += 1
         kubelet = kubelet_id(self.kubelet_dir)
-        if self._inflight is not None and self._inflight[1] != kubelet:
-            self._abandon_register(self._inflight[0], "kubelet.sock was created anew")
-        for r in self.runtimes:
+        for p in self.pools.values():
+            if p.call is not None and p.call.kubelet != kubelet:
+                p.give_up("kubelet.sock was created anew")
             # Only a finished registration with another socket is stale; one in flight
             # is judged by the reconcile task when it returns.
-            if self.registered[r] and self._registered_with.get(r) != kubelet:
+            if p.state is State.REGISTERED and p.registered_with != kubelet:
                 log.info("%s: serve and register again: kubelet.sock was created "
-                         "(kubelet started)", r)
-                self.registered[r] = False
+                         "(kubelet started)", p.resource)
+                p.state = State.OWED
         self._hurry = True
         self._wake.set()
 
-    def _restart_owed(self, resource: str) -> bool:
-        return self._restart_since.get(resource, -1) >= self._served_at.get(resource, 0)
+    def _socket_changed(self, p: Registration, what: str) -> None:
+        """Our socket was removed or replaced: serve again, if we were serving there.
 
-    def _registering(self, resource: str) -> bool:
-        return self._inflight is not None and self._inflight[0] == resource
-
-    def _abandon_register(self, resource: str, reason: str) -> None:
-        """Give up a Register in flight that can no longer succeed.
-
-        The kubelet dials our socket inside Register and waits up to 10 s for it; when
-        that socket was just removed, or another kubelet took over kubelet.sock, waiting
-        would only delay the registration that works.
+        Our own restarts delete and re-create the file, so only a socket that is not
+        ours now counts, and only for a pool that is registered or registering (one
+        being retried serves afresh anyway).
         """
-        inflight = self._inflight
-        if inflight is None or inflight[0] != resource or inflight[2].is_set():
-            return
-        log.info("%s: giving up the Register call in flight: %s", resource, reason)
-        inflight[2].set()
-
-    def _current(self, resource: str, kubelet: KubeletId | None) -> bool:
-        """Registered with the kubelet behind ``kubelet`` and nothing owed since."""
-        server = self.servers.get(resource)
-        return (
-            kubelet is not None
-            and self._registered_with.get(resource) == kubelet
-            and self._registered_at.get(resource, -1) > self._need_since.get(resource, 0)
-            and not self._restart_owed(resource)
-            and server is not None
-            and os.path.exists(server.path)
-        )
-
-    def ready(self) -> bool:
-        return all(self.registered.values())
+        if (p.state in (State.REGISTERED, State.REGISTERING) and p.server is not None
+                and not p.server.on_disk()):
+            self.request(p.resource, f"our socket {what}")
 
     # --- tasks ----------------------------------------------------------------------
 
@@ -240,15 +158,14 @@ class KubeletLifecycle:
         for server in [*self._retired, *self.servers.values()]:
             await server.stop()
         self._retired.clear()
-        self.servers.clear()
-        for r in self.registered:
-            self.registered[r] = False
+        for p in self.pools.values():
+            p.server = None
+            p.state = State.STOPPED
 
     def remove_sockets(self) -> None:
         """Last resort when a server will not stop: at least leave no socket behind."""
         for server in self.servers.values():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(server.path)
+            server.remove_socket()
 
     async def _reconcile_loop(self) -> None:
         delay = 0.0
@@ -257,18 +174,20 @@ class KubeletLifecycle:
             self._wake.clear()
             if self._hurry:
                 delay, self._hurry = 0.0, False
-            failed = False
-            for resource in sorted(self.runtimes):
-                kubelet = kubelet_id(self.kubelet_dir)
-                if self._current(resource, kubelet):
-                    continue
-                if self._registered_with.get(resource) not in (None, kubelet):
-                    # A new kubelet: serve afresh, so nothing of the old one lingers.
-                    self._restart_since[resource] = time.monotonic_ns()
-                failed = not await self._serve_and_register(resource) or failed
+            failed = not self._dir_ready()
+            if not failed:
+                for resource in sorted(self.pools):
+                    p = self.pools[resource]
+                    kubelet = kubelet_id(self.kubelet_dir)
+                    if p.current(kubelet):
+                        continue
+                    if p.registered_with not in (None, kubelet):
+                        # A new kubelet: serve afresh, so nothing of the old one lingers.
+                        p.restart_since = time.monotonic_ns()
+                    failed = not await self._serve_and_register(p) or failed
             kubelet = kubelet_id(self.kubelet_dir)
-            for resource in self.runtimes:
-                self.registered[resource] = self._current(resource, kubelet)
+            for p in self.pools.values():
+                p.state = State.REGISTERED if p.current(kubelet) else State.OWED
             if self.ready():
                 delay = 0.0
                 continue
@@ -282,57 +201,71 @@ class KubeletLifecycle:
                 await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.set()
 
-    async def _serve_and_register(self, resource: str) -> bool:
-        current = self.servers.get(resource)
-        fresh = (self._restart_owed(resource) or current is None
-                 or not os.path.exists(current.path))
+    def _dir_ready(self) -> bool:
+        """The device-plugins directory exists; said once when it does not."""
+        if os.path.isdir(self.kubelet_dir):
+            if self._dir_missing:
+                log.info("the kubelet's device-plugins directory %s exists now",
+                         self.kubelet_dir)
+                self._dir_missing = False
+            return True
+        if not self._dir_missing:
+            log.warning(
+                "the kubelet's device-plugins directory %s does not exist: is the kubelet "
+                "running on this node, and do --kubelet-dir (or the kubelet root) point "
+                "where it keeps its sockets? Waiting for it to appear", self.kubelet_dir)
+            self._dir_missing = True
+        return False
+
+    async def _serve_and_register(self, p: Registration) -> bool:
+        fresh = p.restart_owed or p.server is None or not p.server.on_disk()
         # When only Register failed last time (no kubelet yet), the server is fine and
         # nobody has talked to it: keep it rather than churn the socket on every retry.
-        if fresh and not await self._serve(resource):
+        if fresh and not await self._serve(p):
             return False
-        server = self.servers[resource]
+        server = p.server
+        assert server is not None
         kubelet_path = os.path.join(self.kubelet_dir, KUBELET_SOCKET)
         before = kubelet_id(self.kubelet_dir)
         if before is None:
-            self._note_failure(resource, f"waiting for the kubelet: {kubelet_path} does not "
-                                         "exist")
+            p.note_failure(f"waiting for the kubelet: {kubelet_path} does not exist")
             return False
-        if not os.path.exists(server.path):
+        if not server.on_disk():
             # Removed while it was being served (a starting kubelet cleans the directory):
             # the kubelet could not dial it, so serve again before registering.
             return True
         started = time.monotonic_ns()
-        give_up = asyncio.Event()
-        self._inflight = (resource, before, give_up)
+        p.call = RegisterCall(before)
+        p.state = State.REGISTERING
+        server.service.expect_kubelet()
         try:
             call = await unless(register(self.kubelet_dir, os.path.basename(server.path),
-                                         resource, server.service.options()),
-                                give_up.wait())
+                                         p.resource, server.service.options()),
+                                p.call.give_up.wait())
         finally:
-            self._inflight = None
+            p.call = None
+            p.state = State.OWED
         if call is None:
             return True  # given up: the loop looks again at once
         try:
             call.result()
         except grpc.aio.AioRpcError as exc:
-            self._note_failure(
-                resource, f"Register on {kubelet_path} failed: {exc.code().name}: "
-                          f"{exc.details()}")
+            p.note_failure(f"Register on {kubelet_path} failed: {exc.code().name}: "
+                           f"{exc.details()}")
             return False
-        self.registrations[resource] += 1
-        self._last_error.pop(resource, None)
-        log.info("%s: registered with the kubelet (endpoint %s)", resource,
+        p.registrations += 1
+        p.last_error = None
+        log.info("%s: registered with the kubelet (endpoint %s)", p.resource,
                  os.path.basename(server.path))
         if kubelet_id(self.kubelet_dir) == before:
-            self._registered_with[resource] = before
-            self._registered_at[resource] = started
+            p.registered_with = before
+            p.registered_at = started
         # else kubelet.sock was replaced during the call: which kubelet answered is
         # unknown, so the pool stays owed and the loop registers it once more.
         return True
 
-    async def _serve(self, resource: str) -> bool:
-        runtime = self.runtimes[resource]
-        old = self.servers.pop(resource, None)
+    async def _serve(self, p: Registration) -> bool:
+        old, p.server = p.server, None
         if old is not None:
             # Close the old server first: an old stream ending after the new
             # registration could otherwise disconnect the new one. Until it is closed
@@ -341,13 +274,14 @@ class KubeletLifecycle:
             await old.stop()
             self._retired.remove(old)
         observe = self.on_allocate
+        resource = p.resource
 
         def on_allocate(seconds: float, ok: bool) -> None:
             if observe is not None:
                 observe(resource, seconds, ok)
 
         service = DevicePluginService(
-            runtime,
+            p.runtime,
             resend_seconds=self.resend_seconds,
             on_stream_end=lambda: self.request(resource, "the kubelet's stream ended"),
             on_allocate=on_allocate,
@@ -357,28 +291,25 @@ class KubeletLifecycle:
         try:
             await server.start()
         except (OSError, RuntimeError) as exc:
-            self._note_failure(resource, f"cannot serve on {server.path}: {exc}")
+            p.note_failure(f"cannot serve on {server.path}: {exc}")
             return False
-        self.servers[resource] = server
-        self._served_at[resource] = served
+        p.server = server
+        p.served_at = served
         return True
-
-    def _note_failure(self, resource: str, message: str) -> None:
-        # Logged once per distinct reason, not on every retry.
-        if self._last_error.get(resource) != message:
-            log.warning("%s: %s; retrying", resource, message)
-            self._last_error[resource] = message
 
     async def _watch_dir(self) -> None:
         from asyncinotify import Inotify, Mask
 
         mask = (Mask.CREATE | Mask.DELETE | Mask.MOVED_TO | Mask.MOVED_FROM
-                | Mask.DELETE_SELF | Mask.MOVE_SELF)
-        ours = {socket_name(r): r for r in self.runtimes}
+                | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.CLOSE_WRITE)
+        ours = {socket_name(r): p for r, p in self.pools.items()}
         while True:
             if not os.path.isdir(self.kubelet_dir):
                 await asyncio.sleep(1.0)
                 continue
+            if self._dir_missing:
+                self._hurry = True
+                self._wake.set()
             try:
                 with Inotify() as inotify:
                     inotify.add_watch(self.kubelet_dir, mask)
@@ -390,17 +321,11 @@ class KubeletLifecycle:
                         created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
                         if name == KUBELET_SOCKET and created:
                             self.kubelet_started()
-                        elif name in ours and not created:
-                            resource = ours[name]
-                            server = self.servers.get(resource)
-                            # Our own restarts delete and re-create the file, so only a
-                            # socket that is gone now counts, and only for a pool that is
-                            # registered or registering (one being retried serves afresh
-                            # anyway).
-                            if ((self.registered[resource] or self._registering(resource))
-                                    and server is not None
-                                    and not os.path.exists(server.path)):
-                                self.request(resource, f"our socket {name} was removed")
+                        elif name in ours:
+                            self._socket_changed(
+                                ours[name], f"{name} was " + (
+                                    "removed" if event.mask & (Mask.DELETE | Mask.MOVED_FROM)
+                                    else "replaced by another file"))
             except OSError as exc:
                 log.warning("cannot watch %s (%s); polling it instead", self.kubelet_dir, exc)
                 await asyncio.sleep(self.backstop_seconds)
@@ -409,9 +334,8 @@ class KubeletLifecycle:
         """A slow poll in case an inotify event was lost (or inotify is unavailable)."""
         while True:
             await asyncio.sleep(self.backstop_seconds)
-            for resource, server in list(self.servers.items()):
-                if self.registered[resource] and not Path(server.path).exists():
-                    self.request(resource, f"our socket {server.path} is gone")
+            for p in self.pools.values():
+                if p.state is State.REGISTERED and p.server is not None:
+                    self._socket_changed(p, f"{p.server.path} is gone or replaced")
             if not self.ready():
                 self._wake.set()
-

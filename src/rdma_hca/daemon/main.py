@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from rdma_hca.daemon.config import Settings
-from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.kit.logs import setup_logging
+from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
+
+quiet_grpc_core()  # before anything below loads grpc
+
+from rdma_hca.daemon.config import Settings  # noqa: E402
+from rdma_hca.daemon.wiring import Daemon  # noqa: E402
 
 
 def serve(settings: Settings) -> int:

@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import MutableMapping
+
+# gRPC's C core writes its own lines straight to stderr, in its own format, from the
+# moment the library is loaded; its environment decides how many. The daemon reports
+# every failure it cares about itself, so the core stays silent unless an operator
+# asks for its lines by setting these variables.
+GRPC_CORE_DEFAULTS = {"GRPC_VERBOSITY": "NONE", "GRPC_TRACE": ""}
+
+
+def quiet_grpc_core(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Default gRPC's C-core logging to off; call before grpc is first imported."""
+    for key, value in GRPC_CORE_DEFAULTS.items():
+        environ.setdefault(key, value)
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,5 +50,8 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # grpc's own logger is noisy at info about things we already report.
+    # asyncio's and grpc's Python loggers go through the same handler (and so the same
+    # format, JSON included); below WARNING they repeat what we already report.
     logging.getLogger("asyncio").setLevel(logging.WARNING)
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    logging.getLogger("grpc").setLevel(quiet)
