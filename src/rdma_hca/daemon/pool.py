@@ -13,13 +13,13 @@ misses none) offers no device at all.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rdma_hca.daemon.bounds import shorten_ids
 from rdma_hca.daemon.cdi import qualified_name
 from rdma_hca.daemon.config import Mode, PoolConfig, UnhealthyWhen
+from rdma_hca.kit.text import natural_key
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 NO_MATCH = "no RDMA HCA matches this pool's selectors"
@@ -307,8 +307,3 @@ def exclusive_ids(hcas: Iterable[Hca]) -> dict[str, str]:
         h.name: h.pci_address if h.pci_address and counts[h.pci_address] == 1 else h.name
         for h in hcas
     }
-
-
-def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort mlx5_2 before mlx5_10."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", text) if p)

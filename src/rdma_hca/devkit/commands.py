@@ -7,8 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rdma_hca.devkit.sim import nodes
-
-EXIT_USAGE = 2
+from rdma_hca.kit.exitcodes import EXIT_USAGE
 
 BUILDERS: dict[str, Callable[[Path], nodes.SimNode]] = {
     "gpu": nodes.gpu_node,

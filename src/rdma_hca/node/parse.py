@@ -11,6 +11,8 @@ import math
 import os
 import re
 
+# Re-exported: the node modules sort names with it.
+from rdma_hca.kit.text import natural_key as natural_key
 from rdma_hca.node.model import GidKind, LinkLayer
 
 DEV_DIR = "/dev/infiniband"
@@ -60,16 +62,6 @@ NETDEV = re.compile(r"[^\s/:]{1,15}")  # IFNAMSIZ - 1; no slash, colon or blank
 UVERBS = re.compile(r"uverbs[0-9]+")
 MAD = re.compile(r"(umad|issm)[0-9]+")
 DIGITS = re.compile(r"([0-9]+)")
-
-
-def natural_key(name: str) -> tuple[str | int, ...]:
-    """Sort key putting ``mlx5_2`` before ``mlx5_10`` (digit runs compare as numbers).
-
-    ``re.split`` with a capturing group alternates text and digits, so positions hold
-    the same type in every key and tuples compare without mixing str and int.
-    """
-    parts = DIGITS.split(name)
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
 def unusable_warning(hca: str, problem: str) -> str:

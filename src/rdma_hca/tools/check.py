@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.daemon.config import BY_KEY, ConfigError, add_flags
+from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.node.model import Hca
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.tools.deadline import read_deadline
@@ -30,7 +31,6 @@ from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command
 from rdma_hca.tools.report import clean_json, printable_lines
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 SUBJECT = "container"
 CAP_IPC_LOCK = 14
 MIN_SHM_BYTES = 1 << 30

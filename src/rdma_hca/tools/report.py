@@ -24,6 +24,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import TextIO
 
+from rdma_hca.kit.exitcodes import EXIT_FAIL as EXIT_STALLED
+from rdma_hca.kit.exitcodes import EXIT_OK, EXIT_USAGE
 from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeInventory, Port
 from rdma_hca.node.parse import printable, unusable_warning
 from rdma_hca.node.reader import DiscoveryFailed, discover_bounded
@@ -43,8 +45,6 @@ __all__ = [
 JSON_VERSION = 2
 """Bumped when a field of :func:`inventory_to_json` changes meaning or goes away.
 2: ``pci_bus_id``, ``pcie_root`` per HCA and ``stalled`` (files that did not answer)."""
-
-EXIT_OK, EXIT_STALLED, EXIT_USAGE = 0, 1, 2
 
 _WIDTH = 100
 _MAX_CELL = 28  # one odd value (a long board id) must not push a table past the width

@@ -5,11 +5,12 @@ The facts reproduced here are collected in ``kubelet-deviceplugin-api.md``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import grpc
 import grpc.aio
+
+from rdma_hca.kit import names, quantity
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -39,10 +40,6 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
-_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_QUANTITY_SUFFIXES = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
 
 
 class AdmissionError(RuntimeError):
@@ -74,49 +71,15 @@ class RegisterRefused(Exception):
 
 
 def resource_name_problem(name: str) -> str | None:
-    """Say why ``name`` is not a valid extended resource name, or return None if it is.
-
-    Mirrors the kubelet's ``IsExtendedResourceName``: ``domain/name`` outside the
-    ``kubernetes.io`` domains, the domain a DNS subdomain, and ``requests.<name>`` a qualified
-    name (so the name part is at most 63 characters).
-    """
-    fix = "use '<domain>/<name>' such as 'rdma/hca'"
-    if "/" not in name:
-        return f"resource name {name!r} has no domain; {fix}"
-    if "kubernetes.io/" in name:
-        return f"resource name {name!r} is in a kubernetes.io domain, reserved for native resources"
-    if name.startswith("requests."):
-        return f"resource name {name!r} must not start with 'requests.'"
-    domain, _, short = name.partition("/")
-    if "/" in short:
-        return f"resource name {name!r} has more than one '/'; {fix}"
-    if not domain or len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
-        return (
-            f"resource name {name!r}: domain {domain!r} is not a DNS subdomain "
-            "(lowercase letters, digits, '-' and '.', at most 253 characters)"
-        )
-    if not short or len(short) > 63 or not _QUALIFIED_NAME_PART.match(short):
-        return (
-            f"resource name {name!r}: name {short!r} is not a qualified name (at most 63 "
-            "characters: letters, digits, '-', '_' or '.', starting and ending alphanumeric)"
-        )
-    return None
+    """Say why ``name`` is not a valid extended resource name (the kubelet's
+    ``IsExtendedResourceName``), or return None if it is."""
+    problem = names.resource_name_problem(name)
+    return f"resource name {name!r}: {problem}" if problem else None
 
 
 def format_quantity(value: int) -> str:
-    """Print a count the way ``kubectl`` prints a decimal Kubernetes Quantity.
-
-    The canonical form moves trailing zeros into an SI suffix only in whole groups of three,
-    which is why 1000 slots show as ``1k`` but 1500 stays ``1500``.
-    """
-    if value == 0:
-        return "0"
-    sign = "-" if value < 0 else ""
-    mantissa, exponent = abs(value), 0
-    while mantissa % 1000 == 0 and exponent < 18:
-        mantissa //= 1000
-        exponent += 3
-    return f"{sign}{mantissa}{_QUANTITY_SUFFIXES[exponent]}"
+    """Print a count the way ``kubectl`` prints a decimal Kubernetes Quantity (1000 is 1k)."""
+    return quantity.format_quantity(quantity.parse_quantity(str(value)))
 
 
 def go_code(code: grpc.StatusCode) -> str:

@@ -15,20 +15,16 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from rdma_hca.daemon.config import BY_KEY, add_flags
+from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from rdma_hca.kit.names import resource_name_problem
 from rdma_hca.tools.doctor import cluster, kubeapi, render
 from rdma_hca.tools.doctor.result import parse_command
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-_RESOURCE_NAME = re.compile(
-    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,10 +97,10 @@ def run_cluster(
     now: dt.datetime,
     out: TextIO,
 ) -> int:
-    if not _RESOURCE_NAME.match(args.resource):
+    why = resource_name_problem(args.resource)
+    if why:
         return _fail(out, args.json, EXIT_USAGE,
-                     f"--resource {args.resource!r} is not an extended resource name: use "
-                     "DOMAIN/NAME such as rdma/hca")
+                     f"--resource {args.resource!r} is not an extended resource name: {why}")
     if not args.timeout > 0:
         return _fail(out, args.json, EXIT_USAGE, f"--timeout must be above 0, not {args.timeout}")
     try:

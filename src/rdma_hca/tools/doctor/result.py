@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-EXIT_USAGE = 2
+from rdma_hca.kit.exitcodes import EXIT_USAGE
 
 
 @dataclass(frozen=True, slots=True)
