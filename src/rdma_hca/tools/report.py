@@ -26,6 +26,7 @@ from typing import TextIO
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL as EXIT_STALLED
 from rdma_hca.kit.exitcodes import EXIT_OK, EXIT_USAGE
+from rdma_hca.kit.text import text_table
 from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeInventory, Port
 from rdma_hca.node.parse import printable, unusable_warning
 from rdma_hca.node.reader import DiscoveryFailed, discover_bounded
@@ -59,16 +60,7 @@ def _cell(value: object) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, text in enumerate(row):
-            widths[i] = max(widths[i], len(text))
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
-
-    return [line(headers), *(line(row) for row in cells)]
+    return text_table([list(headers), *([_cell(v) for v in row] for row in rows)])
 
 
 def _device(dev: CharDevice | None) -> str:

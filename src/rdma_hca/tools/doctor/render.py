@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rdma_hca.kit.text import text_table
 from rdma_hca.tools.doctor.cluster import ClusterReport
 from rdma_hca.tools.doctor.result import Check
 
@@ -21,13 +22,7 @@ _GLOBAL_SUBJECTS = frozenset({"cluster", "node", "container"})
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """Columns padded to the widest cell plus three spaces, like kubectl's tabwriter."""
-    all_rows = [list(headers), *(list(r) for r in rows)]
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
-    lines = []
-    for r in all_rows:
-        cells = [cell.ljust(widths[i] + 3) for i, cell in enumerate(r[:-1])]
-        lines.append("".join(cells) + r[-1])
-    return "\n".join(lines)
+    return "\n".join(text_table([list(headers), *(list(r) for r in rows)], gap=3))
 
 
 def mark(ok: bool | None) -> str:
