@@ -9,12 +9,11 @@ STAMP     := $(VENV)/.installed-dev
 .PHONY: demo test lint typecheck unit bench proto venv clean
 
 $(RUN_STAMP): pyproject.toml
-	$(PYTHON) scripts/bootstrap-venv.py $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(PYTHON) scripts/bootstrap-venv.py $(VENV) --new -e .
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PYTHON) scripts/bootstrap-venv.py $(VENV) --with-pip -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

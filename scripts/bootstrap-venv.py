@@ -1,8 +1,15 @@
-"""Create the project's virtual environment with pip in it, on any Python 3.11+.
+"""Create the project's virtual environment and install into it, on any Python 3.11+.
 
-Debian's python3 ships without ``ensurepip`` unless ``python3-venv`` is installed,
-so ``python3 -m venv`` alone fails on a fresh machine. When it does, we make the
-environment without pip and install pip from its wheel on PyPI.
+    bootstrap-venv.py VENV [--new] [--with-pip] [PIP INSTALL ARGS...]
+
+``--new`` makes the environment afresh; otherwise an existing one is reused.
+``--with-pip`` also puts pip inside it (the tests build wheels with it).
+
+Putting pip into a new environment (ensurepip) costs about 9 s, most of a first
+``make demo``. When the interpreter running this script has pip 22.3 or newer, the
+environment is made without pip and that pip installs into it (``pip --python``).
+Otherwise the environment gets its own pip: from ensurepip, or, where Debian's python3
+lacks ``ensurepip`` (no ``python3-venv``), from pip's wheel on PyPI.
 """
 
 from __future__ import annotations
@@ -15,16 +22,35 @@ import urllib.request
 import venv
 from pathlib import Path
 
+QUIET = ["--quiet", "--disable-pip-version-check"]
 
-def main() -> int:
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else ".venv")
-    python = target / "bin" / "python"
+
+def host_pip() -> list[str] | None:
+    """This interpreter's pip when it can install into another environment."""
     try:
-        venv.EnvBuilder(with_pip=True, clear=True).create(target)
-        return 0
-    except (subprocess.CalledProcessError, OSError) as exc:
-        print(f"venv with pip failed ({exc}); installing pip from PyPI instead", file=sys.stderr)
-    venv.EnvBuilder(with_pip=False, clear=True).create(target)
+        import pip
+    except ImportError:
+        return None
+    major, minor = (int(p) for p in pip.__version__.split(".")[:2])
+    return [sys.executable, "-m", "pip"] if (major, minor) >= (22, 3) else None
+
+
+def own_pip(target: Path) -> None:
+    """Give the environment a pip of its own."""
+    python = target / "bin" / "python"
+    if subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True,
+                      check=False).returncode == 0:
+        return
+    outside = host_pip()
+    if outside is not None:
+        subprocess.run([*outside, "--python", str(python), "install", *QUIET, "pip"], check=True)
+        return
+    try:
+        subprocess.run([str(python), "-m", "ensurepip", "--upgrade", "--default-pip"],
+                       check=True, capture_output=True)
+        return
+    except subprocess.CalledProcessError as exc:
+        print(f"ensurepip failed ({exc}); installing pip from PyPI instead", file=sys.stderr)
     with urllib.request.urlopen("https://pypi.org/pypi/pip/json", timeout=60) as resp:
         meta = json.load(resp)
     wheel = next(f for f in meta["urls"] if f["filename"].endswith("-py3-none-any.whl"))
@@ -35,8 +61,27 @@ def main() -> int:
         # A pip wheel can run itself: python pip.whl/pip install pip.
         subprocess.run([str(python), f"{path}/pip", "install", "--no-cache-dir", str(path)],
                        check=True)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    target, rest = Path(argv[0]), argv[1:]
+    new = "--new" in rest
+    with_pip = "--with-pip" in rest
+    install = [a for a in rest if a not in ("--new", "--with-pip")]
+    python = target / "bin" / "python"
+    if new or not python.exists():
+        venv.EnvBuilder(with_pip=False, clear=True).create(target)
+    outside = host_pip()
+    if with_pip or outside is None:
+        own_pip(target)
+    if install:
+        pip = [*outside, "--python", str(python)] if outside else [str(python), "-m", "pip"]
+        subprocess.run([*pip, "install", *QUIET, *install], check=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
