@@ -148,12 +148,15 @@ class HealthWatcher:
             before = ()
         inventory = await self._discover()
         # The node may change while discovery reads it; then the inventory may hold the
-        # old or the new state. Storing no fingerprint makes the next poll look again,
-        # where storing the older one could match the file and hide a stale inventory.
+        # old or the new state. Storing no fingerprint makes the next pass look again
+        # (at once: the next poll may be far), where storing the older one could match
+        # the files and hide a stale inventory.
         try:
             self._fingerprint = before if await self.fingerprint() == before else ()
         except Stalled:
             self._fingerprint = ()
+        if not self._fingerprint:
+            self._poke.set()
         for w in inventory.warnings:
             if w not in self._warned:
                 self._warned.add(w)

@@ -85,7 +85,15 @@ class SysfsReader:
     async def discover(self) -> NodeInventory:
         def work() -> NodeInventory:
             self._probe_fds()
-            return discover_node(self.sysfs_root, self.dev_root)
+            inventory = discover_node(self.sysfs_root, self.dev_root)
+            # Discovery reports unreadable files as warnings; running out of fds or
+            # memory half-way is no fact about the node, so the whole pass is void.
+            for w in inventory.warnings:
+                for code, reason in ((errno.EMFILE, "fd"), (errno.ENFILE, "fd"),
+                                     (errno.ENOMEM, "memory")):
+                    if f"({os.strerror(code)})" in w:
+                        raise DiscoveryFailed(reason, w)
+            return inventory
 
         return await self.offloop.run(DISCOVERY_KEY, work)
 

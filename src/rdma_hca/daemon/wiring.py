@@ -79,6 +79,7 @@ class Daemon:
         self.findings = NodeFindings()
         self.http: MetricsServer | None = None
         self.started = time.time()
+        self.cdi_check_seconds = CDI_CHECK_SECONDS
         self._tasks: list[asyncio.Task[None]] = []
         self._cdi_error: str | None = None
         self._ipv6_ready = False
@@ -177,7 +178,7 @@ class Daemon:
         """Write the spec again when something removed or changed it."""
         path = os.path.join(self.settings.cdi.spec_dir, SPEC_FILE)
         while True:
-            await asyncio.sleep(CDI_CHECK_SECONDS)
+            await asyncio.sleep(self.cdi_check_seconds)
             if await self._write_cdi(self.health.inventory):
                 log.warning("the CDI spec %s was removed or changed; written again", path)
 
