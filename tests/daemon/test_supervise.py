@@ -17,18 +17,19 @@ from test_serve_process import http_get
 from waiting import wait_until
 
 from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.machine import PortStates, SysfsReader
+from rdma_hca.daemon.machine import PortStates
 from rdma_hca.daemon.status import Status
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.node.reader import NodeReader
 
 
-class HeldReader(SysfsReader):
+class HeldReader(NodeReader):
     """The real reader, whose port-state reads can be made to wait (without a deadline)."""
 
     def __init__(self, node: SimNode) -> None:
-        super().__init__(str(node.sysfs_root), str(node.dev_root), deadline=5.0)
+        super().__init__(node.sysfs_root, node.dev_root, deadline=5.0)
         self.go = asyncio.Event()
         self.go.set()
 

@@ -8,8 +8,8 @@ that goes down is noticed in milliseconds where netlink is available and within 
 poll interval where it is not.
 
 Every read runs off the event loop with a deadline (the machine reader's job). An HCA
-whose read passes the deadline is published with its ports UNKNOWN, so its devices
-count as unhealthy under ``unhealthyWhen`` until it answers again. A discovery that
+whose read passes the deadline comes back with its ports UNKNOWN, so its devices count
+as unhealthy under ``unhealthyWhen`` until it answers again. A discovery that
 fails for want of file descriptors or memory keeps the last known state: "no HCAs"
 would turn every device Unhealthy for a reason that has nothing to do with the HCAs.
 
@@ -32,8 +32,7 @@ from rdma_hca.daemon.machine import MachineReader, PortCounters, failure_reason
 from rdma_hca.daemon.offloop import OffLoop, Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.node import netlink
-from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.node.sysfs import UNKNOWN
+from rdma_hca.node.model import NodeInventory
 
 log = logging.getLogger("rdma_hca.health")
 
@@ -51,11 +50,6 @@ def _names(path: str) -> tuple[str, ...]:
         return tuple(sorted(os.listdir(path)))
     except OSError:
         return ()
-
-
-def _unknown(hca: Hca) -> Hca:
-    return replace(hca, ports=tuple(replace(p, state=UNKNOWN, phys_state=UNKNOWN)
-                                    for p in hca.ports))
 
 
 async def _netlink_events() -> AsyncIterator[netlink.NetdevEvent]:
@@ -140,23 +134,29 @@ class HealthWatcher:
         return (names, tuple(sorted(states.items())), verbs, mad, dev,
                 tuple(sorted(self.reader.stuck)))
 
+    async def _fingerprint_or_none(self) -> Fingerprint:
+        """The fingerprint, or () when it cannot be read now (stuck, or out of fds)."""
+        try:
+            return await self.fingerprint()
+        except Stalled:
+            return ()
+        except Exception as exc:
+            if failure_reason(exc) is None:
+                raise
+            return ()
+
     async def refresh(self) -> NodeInventory:
         """Discover the node and hand the result to every pool."""
-        try:
-            before = await self.fingerprint()
-        except Stalled:
-            before = ()
+        before = await self._fingerprint_or_none()
         inventory = await self._discover()
         # The node may change while discovery reads it; then the inventory may hold the
         # old or the new state. Storing no fingerprint makes the next pass look again
         # (at once: the next poll may be far), where storing the older one could match
         # the files and hide a stale inventory.
-        try:
-            self._fingerprint = before if await self.fingerprint() == before else ()
-        except Stalled:
-            self._fingerprint = ()
-        if not self._fingerprint:
-            self._poke.set()
+        after = await self._fingerprint_or_none()
+        self._fingerprint = before if after == before else ()
+        if before and after and after != before:
+            self._poke.set()  # (an unreadable fingerprint waits for the next poll instead)
         for w in inventory.warnings:
             if w not in self._warned:
                 self._warned.add(w)
@@ -189,10 +189,6 @@ class HealthWatcher:
 
     async def _publish(self, inventory: NodeInventory) -> None:
         """Hand an inventory to every pool, then to whoever else follows the node."""
-        stuck = self.reader.stuck
-        if stuck:
-            inventory = replace(inventory, hcas=tuple(
-                _unknown(h) if h.name in stuck else h for h in inventory.hcas))
         self._count_changes(inventory)
         self.inventory = inventory
         for runtime in self.runtimes:
@@ -269,10 +265,7 @@ class HealthWatcher:
 
     async def _check(self, due: bool) -> bool:
         """One poll; returns True when it ran a full discovery."""
-        try:
-            fingerprint = await self.fingerprint()
-        except Stalled:
-            fingerprint = ()
+        fingerprint = await self._fingerprint_or_none()
         if (fingerprint and fingerprint != self._fingerprint
                 and self._only_states_differ(fingerprint)):
             # Publish the new port states first: a dead port must reach the kubelet

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rdma_hca import __version__
@@ -23,12 +24,13 @@ from rdma_hca.daemon.findings import NodeFindings, evaluate_node
 from rdma_hca.daemon.health import HealthWatcher
 from rdma_hca.daemon.httpserver import MetricsServer
 from rdma_hca.daemon.kubelet import KUBELET_SOCKET, KubeletLifecycle
-from rdma_hca.daemon.machine import MachineReader, SysfsReader
+from rdma_hca.daemon.machine import MachineReader
 from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.daemon.status import PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
 
 log = logging.getLogger("rdma_hca.daemon")
@@ -62,8 +64,8 @@ class Daemon:
             resend_seconds=settings.resend_seconds,
             on_allocate=self.allocations.observe,
         )
-        self.reader: MachineReader = reader or SysfsReader(
-            settings.sysfs_root, settings.dev_root, deadline=read_deadline)
+        self.reader: MachineReader = reader or NodeReader(
+            Path(settings.sysfs_root), Path(settings.dev_root), deadline=read_deadline)
         health_kw: dict[str, Any] = {} if netlink else {"events": None}
         self.health = HealthWatcher(
             self.runtimes,
