@@ -29,7 +29,7 @@ from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.daemon.status import PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
-from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.model import Gid, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
 
@@ -85,6 +85,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._cdi_error: str | None = None
         self._ipv6_ready = False
+        self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
         self._held: dict[str, set[str]] = {r.resource_name: set() for r in self.runtimes}
 
     @property
@@ -148,8 +149,15 @@ class Daemon:
         pool_hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
         # Judged from the pools' HCAs whether or not the switch is on: the node findings
         # only look when it is, and an operator reads the gauge to decide whether to
-        # turn it on.
-        self._ipv6_ready = not ipv6_missing(pool_hcas.values())
+        # turn it on. Only GIDs decide it, and a port's GIDs are the very same tuple
+        # until a discovery reads them again: every GID of every port is read once
+        # per discovery, not once per port-state change.
+        gids = tuple(p.gids for h in pool_hcas.values() for p in h.ports)
+        seen = self._ipv6_gids
+        if seen is None or len(seen) != len(gids) or any(
+                a is not b for a, b in zip(seen, gids, strict=True)):
+            self._ipv6_gids = gids
+            self._ipv6_ready = not ipv6_missing(pool_hcas.values())
         if self.settings.cdi.enabled:
             await self._write_cdi(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
