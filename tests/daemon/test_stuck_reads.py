@@ -142,17 +142,17 @@ async def test_offloop_keeps_one_thread_per_stuck_key(tmp_path: Path) -> None:
     assert await off.run("fifo", lambda: 42) == 42
 
 
-@pytest.mark.slow
 async def test_sigterm_ends_serve_while_a_read_never_returns(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
         make_fifo: Callable[[], Fifo]) -> None:
     port = free_port()
-    async with serve(serve_argv(node, plugin_dir, metrics_port=port)) as proc:
+    argv = serve_argv(node, plugin_dir, "--read-deadline-seconds", "1", metrics_port=port)
+    async with serve(argv) as proc:
         await wait_registered(kubelet)
         await wait_http(port)
         make_fifo()
-        # The read passes its deadline (a few seconds); the HCA then counts as down.
-        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0, timeout=30)
+        # The read passes its deadline; the HCA then counts as down.
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0, timeout=10)
         status, body = await http_get(port, "/metrics")
         assert status == 200
         samples = metric_samples(body)

@@ -36,7 +36,6 @@ from rdma_hca.node.roce import ipv6_missing
 log = logging.getLogger("rdma_hca.daemon")
 
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
-READ_DEADLINE = 5.0  # seconds a read of the machine may take before it counts as stuck
 CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
 
@@ -50,9 +49,11 @@ def _describe(task: asyncio.Task[Any]) -> str:
 class Daemon:
     def __init__(self, settings: Settings, *, netlink: bool = True,
                  reader: MachineReader | None = None,
-                 read_deadline: float = READ_DEADLINE) -> None:
+                 read_deadline: float | None = None) -> None:
         self.settings = settings
-        self.read_deadline = read_deadline
+        # ``read_deadline`` overrides the setting (tests use short ones).
+        self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
+                              else read_deadline)
         self.runtimes = [
             PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
             for p in settings.pools
@@ -65,7 +66,7 @@ class Daemon:
             on_allocate=self.allocations.observe,
         )
         self.reader: MachineReader = reader or NodeReader(
-            Path(settings.sysfs_root), Path(settings.dev_root), deadline=read_deadline)
+            Path(settings.sysfs_root), Path(settings.dev_root), deadline=self.read_deadline)
         health_kw: dict[str, Any] = {} if netlink else {"events": None}
         self.health = HealthWatcher(
             self.runtimes,
@@ -73,7 +74,7 @@ class Daemon:
             settings.sysfs_root,
             settings.dev_root,
             poll_seconds=settings.health_poll_seconds,
-            deadline=read_deadline,
+            deadline=self.read_deadline,
             on_inventory=self._on_inventory,
             **health_kw,
         )
@@ -221,7 +222,8 @@ class Daemon:
         if self.settings.metrics_address:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
-                                   on_scrape=self.health.want_counters)
+                                   on_scrape=self.health.want_counters,
+                                   max_connections=self.settings.http.max_connections)
             await server.start()
             self.http = server
             await self.health.refresh_counters()
