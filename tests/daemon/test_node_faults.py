@@ -94,6 +94,8 @@ async def test_a_flapping_link_is_coalesced_and_its_final_state_reaches_the_kube
         # Uncoalesced, each event is a pass and most passes an update.
         assert updates <= 30, f"{updates} stream updates for 151 link events"
         assert passes <= 30, f"{passes} passes for 151 link events"
+        # The transitions the daemon saw are counted (for flapping alerts).
+        assert d.status().state_changes[("mlx5_0", 1)] >= 1
         node.set_port("mlx5_0", 1, up=True)
         events.queue.put_nowait(NetdevEvent("link", netdev))
         await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)

@@ -176,7 +176,9 @@ class HealthWatcher:
             reason = failure_reason(exc)
             if reason is None:
                 raise
-            self.discovery_errors[reason] = self.discovery_errors.get(reason, 0) + 1
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            self.discovery_errors = {**self.discovery_errors,
+                                     reason: self.discovery_errors.get(reason, 0) + 1}
             if self._discovery_failing != reason:
                 log.error("discovery failed (%s: %s); keeping the last known state of the "
                           "node until it works again", reason, exc)
@@ -200,11 +202,14 @@ class HealthWatcher:
         if self.inventory is None:
             return
         before = {(h.name, p.number): p.is_up for h in self.inventory.hcas for p in h.ports}
-        for h in inventory.hcas:
-            for p in h.ports:
-                key = (h.name, p.number)
-                if key in before and before[key] != p.is_up:
-                    self.state_changes[key] = self.state_changes.get(key, 0) + 1
+        changed = [(h.name, p.number) for h in inventory.hcas for p in h.ports
+                   if before.get((h.name, p.number), p.is_up) != p.is_up]
+        if changed:
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            counts = dict(self.state_changes)
+            for key in changed:
+                counts[key] = counts.get(key, 0) + 1
+            self.state_changes = counts
 
     def _only_states_differ(self, fingerprint: Fingerprint) -> bool:
         old = self._fingerprint

@@ -103,6 +103,12 @@ class Daemon:
 
     # --- what the endpoints read ------------------------------------------------------
 
+    # The pool runtime is growing these two accessors; until it has them, the daemon
+    # derives the same from the pools' views.
+    def _selected(self, runtime: PoolRuntime) -> int:
+        own = getattr(runtime, "selected_hca_count", None)
+        return own if isinstance(own, int) else len(runtime.view.hcas)
+
     def _missing(self, runtime: PoolRuntime) -> tuple[str, ...]:
         own = getattr(runtime, "missing_hcas", None)
         if own is not None:
@@ -121,7 +127,7 @@ class Daemon:
                     resource=r.resource_name,
                     devices=len(r.state.devices),
                     healthy=r.state.healthy_count(),
-                    hcas=len(r.view.hcas),
+                    hcas=self._selected(r),
                     missing=self._missing(r),
                     registered=bool(self.lifecycle.registered.get(r.resource_name)),
                     registrations=self.lifecycle.registrations.get(r.resource_name, 0),
