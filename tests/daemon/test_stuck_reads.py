@@ -167,3 +167,23 @@ async def test_sigterm_ends_serve_while_a_read_never_returns(
         proc.send(signal.SIGTERM)
         assert await proc.wait_exit(timeout=5) == 0
     assert not (plugin_dir / socket_name(R)).exists()
+
+
+async def test_a_scrape_never_reads_sysfs(node: SimNode, plugin_dir: Path,
+                                          kubelet: KubeletEmulator) -> None:
+    # Counters come from the health loop's cache: a counter file that never answers
+    # costs the scrape nothing (it used to be read, on the event loop, at scrape time).
+    counter = Fifo(node.port_dir("mlx5_2", 1) / "counters" / "port_rcv_data")
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"),
+               netlink=False, read_deadline=1.0)
+    try:
+        await d.start()
+        assert d.http is not None
+        for _ in range(3):
+            status, body = await http_get(d.http.bound_port, "/metrics")
+            assert status == 200
+            samples = metric_samples(body)
+            assert ({"usable": "true"}, 9.0) in samples["rdma_hca_hcas"]
+    finally:
+        await d.stop()
+        counter.release()
