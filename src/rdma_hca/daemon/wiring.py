@@ -164,7 +164,9 @@ class Daemon:
         if seen is None or len(seen) != len(gids) or any(
                 a is not b for a, b in zip(seen, gids, strict=True)):
             self._ipv6_gids = gids
-            self._ipv6_ready = not ipv6_missing(pool_hcas.values())
+            # Tens of thousands of GIDs on a large node: judged on a worker thread.
+            hcas = tuple(pool_hcas.values())
+            self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
         if self.settings.cdi.enabled:
             await self._write_cdi(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
