@@ -141,3 +141,23 @@ async def test_a_removed_or_changed_cdi_spec_is_written_again(
     finally:
         await d.stop()
 
+
+
+async def test_a_failing_event_source_is_logged_and_polling_goes_on(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def broken() -> AsyncIterator[NetdevEvent]:
+        raise RuntimeError("the event source broke")
+        yield NetdevEvent("link", None)  # an async generator, never reached
+
+    d = Daemon(make_settings(node, plugin_dir))
+    d.health.events = broken
+    await d.start()
+    try:
+        assert await wait_until(lambda: "rtnetlink watcher failed" in caplog.text, 5)
+        assert "the event source broke" in caplog.text
+        node.set_port("mlx5_1", 1, up=False)
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+        assert not d.failed
+    finally:
+        await d.stop()

@@ -62,6 +62,15 @@ async def _netlink_events() -> AsyncIterator[netlink.NetdevEvent]:
         yield event
 
 
+def _report_end(task: asyncio.Task[None]) -> None:
+    # Without events the polls still see every change, only later: say so, loudly.
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        assert exc is not None
+        log.error("the rtnetlink watcher failed; port state is polled only",
+                  exc_info=(type(exc), exc, exc.__traceback__))
+
+
 class HealthWatcher:
     """``poll_seconds`` has no default here: the setting declares it."""
 
@@ -234,6 +243,8 @@ class HealthWatcher:
             await self.refresh()
         watch = (asyncio.create_task(self._watch_links(), name="netlink")
                  if self.events is not None else None)
+        if watch is not None:
+            watch.add_done_callback(_report_end)
         loop = asyncio.get_running_loop()
         last_full = loop.time()
         try:
