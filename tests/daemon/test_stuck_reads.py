@@ -7,6 +7,8 @@ at teardown (a writer opens it), so no thread of the test process stays blocked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -191,3 +193,30 @@ async def test_a_scrape_never_reads_sysfs(node: SimNode, plugin_dir: Path,
     finally:
         await d.stop()
         counter.release()
+
+
+def blocked_on_a_fifo(pid: int) -> bool:
+    """Whether a thread of ``pid`` waits in open() for a FIFO's writer."""
+    tasks = Path(f"/proc/{pid}/task")
+    for t in tasks.iterdir():
+        with contextlib.suppress(OSError):
+            if (t / "wchan").read_text().strip() == "wait_for_partner":
+                return True
+    return False
+
+
+async def test_sigterm_during_the_first_discovery_on_a_stuck_node(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        make_fifo: Callable[[], Fifo]) -> None:
+    # The node is stuck before the daemon starts, and the deadline is long: SIGTERM must
+    # not wait for the start-up discovery to give the read up.
+    make_fifo()
+    argv = serve_argv(node, plugin_dir, "--read-deadline-seconds", "60")
+    async with serve(argv) as proc:
+        async with asyncio.timeout(10):
+            while not blocked_on_a_fifo(proc.pid):
+                await asyncio.sleep(0.02)
+        proc.send(signal.SIGTERM)
+        assert await proc.wait_exit(timeout=5) == 0
+    assert "Traceback" not in proc.stderr
+    assert not (plugin_dir / socket_name(R)).exists()

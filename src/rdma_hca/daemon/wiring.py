@@ -263,16 +263,24 @@ class Daemon:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True)."""
+        stopped = asyncio.ensure_future(stop.wait())
         try:
-            await self.start()
-            stopped = asyncio.ensure_future(stop.wait())
+            # A stop during start (its first discovery may wait a whole read deadline)
+            # ends the start: SIGTERM must not wait for a read that never returns.
+            starting = asyncio.ensure_future(self.start())
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return
+            starting.result()
             failed = asyncio.ensure_future(self.supervisor.failed.wait())
             try:
                 await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                stopped.cancel()
                 failed.cancel()
         finally:
+            stopped.cancel()
             log.info("stopping: closing the servers and removing our sockets")
             try:
                 await asyncio.wait_for(self.stop(), STOP_DEADLINE)
