@@ -111,6 +111,8 @@ class HealthWatcher:
         self._discovery_failing: str | None = None
         self._scraped_at: float | None = None
         self._counters_at: float | None = None
+        self._netdevs_of: NodeInventory | None = None
+        self._netdev_names: frozenset[str] = frozenset()
 
     @property
     def stalls_total(self) -> int:
@@ -307,10 +309,16 @@ class HealthWatcher:
             return
         await self.refresh_counters()
 
-    def _netdevs(self) -> set[str]:
-        if self.inventory is None:
-            return set()
-        return {n for h in self.inventory.hcas for n in h.netdevs}
+    def _netdevs(self) -> frozenset[str]:
+        # Asked once per event, and a flood of events must stay cheap: computed once
+        # per inventory.
+        inv = self.inventory
+        if inv is None:
+            return frozenset()
+        if self._netdevs_of is not inv:
+            self._netdevs_of = inv
+            self._netdev_names = frozenset(n for h in inv.hcas for n in h.netdevs)
+        return self._netdev_names
 
     async def _watch_links(self) -> None:
         assert self.events is not None
