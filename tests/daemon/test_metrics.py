@@ -29,6 +29,7 @@ from test_serve_process import (
     wait_registered,
 )
 
+import rdma_hca
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
@@ -37,17 +38,32 @@ FAMILIES = (
     "rdma_hca_hcas",
     "rdma_hca_port_up",
     "rdma_hca_port_state",
-    "rdma_hca_port_rate_gbps",
+    "rdma_hca_port_rate_bytes_per_second",
     "rdma_hca_port_receive_bytes_total",
     "rdma_hca_pool_devices",
     "rdma_hca_pool_devices_healthy",
     "rdma_hca_registered",
     "rdma_hca_registrations_total",
     "rdma_hca_allocations_total",
-    "rdma_hca_allocate_seconds_count",
-    "rdma_hca_allocate_seconds_bucket",
+    "rdma_hca_allocate_duration_seconds_count",
+    "rdma_hca_allocate_duration_seconds_bucket",
     "rdma_hca_kubelet_restarts_total",
     "rdma_hca_ipv6_ready",
+    "rdma_hca_build_info",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+    "rdma_hca_port_transmit_bytes_total",
+    "rdma_hca_port_receive_packets_total",
+    "rdma_hca_port_transmit_packets_total",
+    "rdma_hca_port_receive_errors_total",
+    "rdma_hca_port_transmit_discards_total",
+    "rdma_hca_port_link_downed_total",
+    "rdma_hca_port_state_changes_total",
+    "rdma_hca_pool_hcas",
+    "rdma_hca_sysfs_stalls_total",
+    "rdma_hca_discovery_errors_total",
+    "rdma_hca_http_connections_rejected_total",
+    "rdma_hca_health_last_pass_timestamp_seconds",
 )
 
 
@@ -110,12 +126,16 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             await wait_registered(kubelet)
             await wait_http(port)
             samples = await scrape(port)
-            assert "rdma_hca_allocate_seconds_count" not in samples  # no Allocate yet
+            assert "rdma_hca_allocate_duration_seconds_count" not in samples  # no Allocate yet
             assert value(samples, "rdma_hca_port_receive_bytes_total",
                          hca="mlx5_2", port="1") == 4 * 1_000_000
 
-            # Counters are read at scrape time: a later value shows at the next scrape.
+            # Counters come from a cache the health loop keeps: a later value shows soon.
             node.set_counter("mlx5_2", 1, "port_rcv_data", 1_234_567)
+            async with asyncio.timeout(WAIT):
+                while value(await scrape(port), "rdma_hca_port_receive_bytes_total",
+                            hca="mlx5_2", port="1") != 4 * 1_234_567:
+                    await asyncio.sleep(0.2)
             resp = await kubelet.admit_pod(R, 1)
             assert resp.envs["RDMA_HCA_DEVICES"]
             # A refused Allocate counts as an error, and is timed too.
@@ -133,8 +153,9 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
                          link_layer="Ethernet") == 1
             assert value(samples, "rdma_hca_port_state", hca="mlx5_0", state="ACTIVE") == 1
             assert value(samples, "rdma_hca_port_state", hca="mlx5_0", state="DOWN") == 0
-            assert value(samples, "rdma_hca_port_rate_gbps", hca="mlx5_0") == 400
-            assert value(samples, "rdma_hca_port_rate_gbps", hca="mlx5_bond_0") == 200
+            rate = "rdma_hca_port_rate_bytes_per_second"
+            assert value(samples, rate, hca="mlx5_0") == 400e9 / 8
+            assert value(samples, rate, hca="mlx5_bond_0") == 200e9 / 8
             # port_rcv_data counts 4-byte words.
             assert value(samples, "rdma_hca_port_receive_bytes_total",
                          hca="mlx5_2", port="1") == 4 * 1_234_567
@@ -144,10 +165,16 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             assert value(samples, "rdma_hca_registrations_total", resource=R) == 1
             assert value(samples, "rdma_hca_allocations_total", resource=R, result="ok") == 1
             assert value(samples, "rdma_hca_allocations_total", resource=R, result="error") == 1
-            assert value(samples, "rdma_hca_allocate_seconds_count", resource=R) == 2
-            assert value(samples, "rdma_hca_allocate_seconds_bucket", resource=R,
+            assert value(samples, "rdma_hca_allocate_duration_seconds_count", resource=R) == 2
+            assert value(samples, "rdma_hca_allocate_duration_seconds_bucket", resource=R,
                          le="+Inf") == 2
             assert value(samples, "rdma_hca_kubelet_restarts_total") == 0
+            assert value(samples, "rdma_hca_pool_hcas", resource=R) == 9
+            assert value(samples, "rdma_hca_build_info", version=rdma_hca.__version__) == 1
+            assert value(samples, "rdma_hca_sysfs_stalls_total") == 0
+            assert value(samples, "rdma_hca_discovery_errors_total", reason="fd") == 0
+            assert value(samples, "rdma_hca_port_state_changes_total", hca="mlx5_0") == 0
+            assert not samples.get("rdma_hca_hca_missing")  # nothing has vanished
             # An IPv4 compute network: non-hostNetwork RDMA cannot work here.
             assert value(samples, "rdma_hca_ipv6_ready") == 0
 

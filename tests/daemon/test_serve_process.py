@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import sys
@@ -456,3 +457,54 @@ async def test_garbage_in_sysfs_keeps_the_daemon_serving(node: SimNode, plugin_d
         await wait_registered(kubelet)
     finally:
         await d.stop()
+
+
+# --- SIGHUP and limits --------------------------------------------------------------------
+
+
+async def test_sighup_rescans_and_keeps_serving(node: SimNode, plugin_dir: Path,
+                                                kubelet: KubeletEmulator) -> None:
+    # A poll of a minute: only the rescan can explain the kubelet seeing the port down.
+    async with serve(serve_argv(node, plugin_dir, poll="60")) as proc:
+        await wait_registered(kubelet)
+        registrations = kubelet.registrations(R)
+        node.set_port("mlx5_4", 1, up=False)
+        proc.send(signal.SIGHUP)
+        await proc.wait_line(lambda line: "rescan asked (SIGHUP)" in line)
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+        line = await proc.wait_line(lambda x: "rescan asked (SIGHUP)" in x)
+        assert "kubelet.sock is there" in line
+        # Each SIGHUP is one rescan and one line; the daemon keeps serving.
+        node.set_port("mlx5_4", 1, up=True)
+        proc.send(signal.SIGHUP)
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+        assert kubelet.registrations(R) == registrations, "a rescan is no re-registration"
+        assert proc.proc.returncode is None, "SIGHUP must not end the daemon"
+        proc.send(signal.SIGTERM)
+        assert await proc.wait_exit() == 0
+    assert proc.count(lambda line: "rescan asked (SIGHUP)" in line) == 2
+    assert "Traceback" not in proc.stderr
+
+
+async def test_serve_raises_its_open_files_limit(node: SimNode, plugin_dir: Path,
+                                                 kubelet: KubeletEmulator) -> None:
+    # Start the daemon as a container often starts it: soft limit far below the hard one.
+    argv = serve_argv(node, plugin_dir)
+    launcher = (
+        "import resource, runpy, sys\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_module('rdma_hca.tools.cli', run_name='__main__')\n"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard <= 256:
+        pytest.skip("the hard limit on open files is too low to see it raised")
+    async with serve([sys.executable, "-c", launcher, "rdma-hca", *argv[3:]]) as proc:
+        await wait_registered(kubelet)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert line.split()[3:5] == [str(hard), str(hard)], line
+        await proc.wait_line(lambda x: f"raised the open-files limit from 256 to {hard}" in x)
+        proc.send(signal.SIGTERM)
+        assert await proc.wait_exit() == 0

@@ -119,3 +119,34 @@ def test_console_table_is_aligned_without_markdown_emphasis() -> None:
     # Every row's second column starts where the header's does.
     column = lines[0].index("ours")
     assert all(line[column - 2:column] == "  " for line in lines[2:])
+
+
+async def test_lag_meter_sees_a_blocked_loop() -> None:
+    import asyncio
+    import time
+
+    from rdma_hca.devkit.bench_trees import LagMeter
+
+    meter = LagMeter()
+    task = asyncio.create_task(meter.run())
+    try:
+        await asyncio.sleep(0.02)
+        meter.reset()
+        time.sleep(0.05)  # the loop is held: the timer wakes at least this late
+        await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert meter.worst >= 0.04
+    assert meter.p99 <= meter.worst
+
+
+def test_every_tree_size_has_its_rows() -> None:
+    from rdma_hca.devkit.bench import _ordered
+
+    rows = [f.key for f in _ordered({}, (8, 64, 256), "not run")]
+    for n in (64, 256):
+        assert f"loop_lag_scrape_{n}_hcas_ms" in rows
+        assert f"loop_lag_rediscovery_{n}_hcas_ms" in rows
+    assert "loop_lag_scrape_8_hcas_ms" not in rows
+    assert "discovery_8_hcas_ms" in rows

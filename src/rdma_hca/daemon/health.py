@@ -6,6 +6,16 @@ port's state and physical state, and the names of the verbs and /dev entries. A 
 event on one of the HCAs' netdevs (rtnetlink) wakes the poll at once, so a port
 that goes down is noticed in milliseconds where netlink is available and within one
 poll interval where it is not.
+
+Every read runs off the event loop with a deadline (the machine reader's job). An HCA
+whose read passes the deadline comes back with its ports UNKNOWN, so its devices count
+as unhealthy under ``unhealthyWhen`` until it answers again. A discovery that
+fails for want of file descriptors or memory keeps the last known state: "no HCAs"
+would turn every device Unhealthy for a reason that has nothing to do with the HCAs.
+
+Events are coalesced: a burst of link events costs one re-read at its start and one
+at its end, and the full re-read that follows a port change waits until the port has
+been quiet for a moment, so a flapping link costs little CPU and few stream updates.
 """
 
 from __future__ import annotations
@@ -14,17 +24,25 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
+from rdma_hca.daemon.machine import MachineReader, PortCounters, failure_reason
+from rdma_hca.daemon.offloop import OffLoop, Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.node import netlink
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.sysfs import discover_node, read_port_states
 
 log = logging.getLogger("rdma_hca.health")
 
 Fingerprint = tuple[object, ...]
+EventSource = Callable[[], AsyncIterator[netlink.NetdevEvent]]
+
+COALESCE_SECONDS = 0.3  # link events closer than this make one re-read
+SETTLE_SECONDS = 0.5  # the full re-read after a port change waits for this much quiet
+COUNTER_SECONDS = 5.0  # how often the counter cache is re-read while someone scrapes
+SCRAPE_IDLE_SECONDS = 300.0  # after this long without a scrape, counters are not re-read
 
 
 def _names(path: str) -> tuple[str, ...]:
@@ -34,74 +52,180 @@ def _names(path: str) -> tuple[str, ...]:
         return ()
 
 
+async def _netlink_events() -> AsyncIterator[netlink.NetdevEvent]:
+    try:
+        sock = netlink.open_socket()
+    except OSError as exc:
+        log.info("rtnetlink events unavailable (%s); port state is polled only", exc)
+        return
+    async for event in netlink.events(sock):
+        yield event
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    # Without events the polls still see every change, only later: say so, loudly.
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        assert exc is not None
+        log.error("the rtnetlink watcher failed; port state is polled only",
+                  exc_info=(type(exc), exc, exc.__traceback__))
+
+
 class HealthWatcher:
+    """``poll_seconds`` has no default here: the setting declares it."""
+
     def __init__(
         self,
         runtimes: Sequence[PoolRuntime],
+        reader: MachineReader,
         sysfs_root: str,
         dev_root: str,
         *,
-        poll_seconds: float = 1.0,
+        poll_seconds: float,
+        deadline: float,
         full_seconds: float = 300.0,
-        netlink: bool = True,
+        events: EventSource | None = _netlink_events,
         on_inventory: Callable[[NodeInventory], Awaitable[None]] | None = None,
     ) -> None:
         self.runtimes = list(runtimes)
+        self.reader = reader
         self.sysfs_root = sysfs_root
         self.dev_root = dev_root
         self.poll_seconds = poll_seconds
         self.full_seconds = full_seconds
-        self.netlink = netlink
+        self.events = events
         self.on_inventory = on_inventory
+        self.offloop = OffLoop(deadline)
         self.inventory: NodeInventory | None = None
+        self.counters: PortCounters = {}
+        self.state_changes: dict[tuple[str, int], int] = {}
+        self.discovery_errors: dict[str, int] = {}
+        self.last_pass: float | None = None  # unix time of the last completed pass
+        self.events_seen = 0
+        self.passes = 0
         self._poke = asyncio.Event()
         self._full_requested = False
+        self._full_at: float | None = None
         self._fingerprint: Fingerprint = ()
         self._warned: set[str] = set()
+        self._discovery_failing: str | None = None
+        self._scraped_at: float | None = None
+        self._counters_at: float | None = None
+        self._netdevs_of: NodeInventory | None = None
+        self._netdev_names: frozenset[str] = frozenset()
+
+    @property
+    def stalls_total(self) -> int:
+        return self.reader.stalls_total + self.offloop.stalls_total
 
     def poke(self, full: bool = False) -> None:
         """Re-read port state now instead of at the next poll (everything, with ``full``)."""
         self._full_requested = self._full_requested or full
         self._poke.set()
 
-    def fingerprint(self) -> Fingerprint:
-        names = _names(os.path.join(self.sysfs_root, "class", "infiniband"))
-        states = read_port_states(self.sysfs_root, names)
-        return (
-            names,
-            tuple(sorted(states.items())),
-            _names(os.path.join(self.sysfs_root, "class", "infiniband_verbs")),
-            _names(os.path.join(self.sysfs_root, "class", "infiniband_mad")),
-            _names(os.path.join(self.dev_root, "infiniband")),
-        )
+    def want_counters(self) -> None:
+        """Someone read the counters: keep the cache fresh (counters cost many reads)."""
+        self._scraped_at = asyncio.get_running_loop().time()
+
+    async def _listings(self) -> tuple[tuple[str, ...], ...]:
+        def work() -> tuple[tuple[str, ...], ...]:
+            return (
+                _names(os.path.join(self.sysfs_root, "class", "infiniband")),
+                _names(os.path.join(self.sysfs_root, "class", "infiniband_verbs")),
+                _names(os.path.join(self.sysfs_root, "class", "infiniband_mad")),
+                _names(os.path.join(self.dev_root, "infiniband")),
+            )
+
+        return await self.offloop.run("the listing of class/infiniband and /dev/infiniband",
+                                      work)
+
+    async def fingerprint(self) -> Fingerprint:
+        names, verbs, mad, dev = await self._listings()
+        states = await self.reader.port_states()
+        return (names, tuple(sorted(states.items())), verbs, mad, dev,
+                tuple(sorted(self.reader.stuck)))
+
+    async def _fingerprint_or_none(self) -> Fingerprint:
+        """The fingerprint, or () when it cannot be read now (stuck, or out of fds)."""
+        try:
+            return await self.fingerprint()
+        except Stalled:
+            return ()
+        except Exception as exc:
+            if failure_reason(exc) is None:
+                raise
+            return ()
 
     async def refresh(self) -> NodeInventory:
         """Discover the node and hand the result to every pool."""
-        before = self.fingerprint()
-        inventory = await asyncio.to_thread(discover_node, self.sysfs_root, self.dev_root)
+        before = await self._fingerprint_or_none()
+        inventory = await self._discover()
         # The node may change while discovery reads it; then the inventory may hold the
-        # old or the new state. Storing no fingerprint makes the next poll look again,
-        # where storing the older one could match the file and hide a stale inventory.
-        self._fingerprint = before if self.fingerprint() == before else ()
+        # old or the new state. Storing no fingerprint makes the next pass look again
+        # (at once: the next poll may be far), where storing the older one could match
+        # the files and hide a stale inventory.
+        after = await self._fingerprint_or_none()
+        self._fingerprint = before if after == before else ()
+        if before and after and after != before:
+            self._poke.set()  # (an unreadable fingerprint waits for the next poll instead)
         for w in inventory.warnings:
             if w not in self._warned:
                 self._warned.add(w)
                 log.warning("sysfs: %s", w)
         await self._publish(inventory)
+        return self.inventory or inventory
+
+    async def _discover(self) -> NodeInventory:
+        last = self.inventory
+        try:
+            inventory = await self.reader.discover()
+        except Stalled:
+            # Discovery itself is stuck: what it would say is unknown, so the last
+            # inventory stands, with the stuck HCAs unknown (see _publish).
+            return last or NodeInventory((), None, None)
+        except Exception as exc:
+            reason = failure_reason(exc)
+            if reason is None:
+                raise
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            self.discovery_errors = {**self.discovery_errors,
+                                     reason: self.discovery_errors.get(reason, 0) + 1}
+            if self._discovery_failing != reason:
+                log.error("discovery failed (%s: %s); keeping the last known state of the "
+                          "node until it works again", reason, exc)
+                self._discovery_failing = reason
+            return last or NodeInventory((), None, None)
+        if self._discovery_failing is not None:
+            log.info("discovery works again")
+            self._discovery_failing = None
         return inventory
 
     async def _publish(self, inventory: NodeInventory) -> None:
         """Hand an inventory to every pool, then to whoever else follows the node."""
+        self._count_changes(inventory)
         self.inventory = inventory
         for runtime in self.runtimes:
             await runtime.update(inventory)
         if self.on_inventory is not None:
             await self.on_inventory(inventory)
 
+    def _count_changes(self, inventory: NodeInventory) -> None:
+        if self.inventory is None:
+            return
+        before = {(h.name, p.number): p.is_up for h in self.inventory.hcas for p in h.ports}
+        changed = [(h.name, p.number) for h in inventory.hcas for p in h.ports
+                   if before.get((h.name, p.number), p.is_up) != p.is_up]
+        if changed:
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            counts = dict(self.state_changes)
+            for key in changed:
+                counts[key] = counts.get(key, 0) + 1
+            self.state_changes = counts
+
     def _only_states_differ(self, fingerprint: Fingerprint) -> bool:
         old = self._fingerprint
         return (self.inventory is not None and len(old) == len(fingerprint)
-                and old[0] == fingerprint[0] and old[2:] == fingerprint[2:])
+                and old[0] == fingerprint[0] and old[2:5] == fingerprint[2:5])
 
     async def _apply_port_states(self, fingerprint: Fingerprint) -> None:
         assert self.inventory is not None
@@ -119,61 +243,114 @@ class HealthWatcher:
     async def run(self) -> None:
         if self.inventory is None:
             await self.refresh()
-        netlink_task = (
-            asyncio.create_task(self._watch_links(), name="netlink") if self.netlink else None
-        )
+        watch = (asyncio.create_task(self._watch_links(), name="netlink")
+                 if self.events is not None else None)
+        if watch is not None:
+            watch.add_done_callback(_report_end)
         loop = asyncio.get_running_loop()
         last_full = loop.time()
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poke.wait(), self.poll_seconds)
+                    await asyncio.wait_for(self._poke.wait(), self._next_wait(loop.time()))
                 self._poke.clear()
-                due = self._full_requested or loop.time() - last_full >= self.full_seconds
+                now = loop.time()
+                due = (self._full_requested or now - last_full >= self.full_seconds
+                       or (self._full_at is not None and now >= self._full_at))
                 self._full_requested = False
                 try:
                     if await self._check(due):
                         last_full = loop.time()
+                        self._full_at = None
+                    await self._refresh_counters(loop.time())
                 except Exception:
                     # Whatever went wrong, the watcher must outlive it: a dead watcher
                     # would freeze the device list in whatever state it had.
                     log.exception("health check failed; trying again at the next poll")
+                else:
+                    self.last_pass = time.time()
+                    self.passes += 1
         finally:
-            if netlink_task is not None:
-                netlink_task.cancel()
+            if watch is not None:
+                watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await netlink_task
+                    await watch
+
+    def _next_wait(self, now: float) -> float:
+        if self._full_at is None:
+            return self.poll_seconds
+        return max(0.0, min(self.poll_seconds, self._full_at - now))
 
     async def _check(self, due: bool) -> bool:
         """One poll; returns True when it ran a full discovery."""
-        fingerprint = self.fingerprint()
-        if fingerprint != self._fingerprint and self._only_states_differ(fingerprint):
+        fingerprint = await self._fingerprint_or_none()
+        if (fingerprint and fingerprint != self._fingerprint
+                and self._only_states_differ(fingerprint)):
             # Publish the new port states first: a dead port must reach the kubelet
-            # now, not after a full pass over thousands of GID files.
+            # now, not after a full pass over thousands of GID files. The rest (rates,
+            # GIDs) is re-read once the port has been quiet for a moment.
             await self._apply_port_states(fingerprint)
-            due = True  # then re-read the rest (rates, GIDs) at once
+            self._fingerprint = fingerprint
+            self._full_at = asyncio.get_running_loop().time() + SETTLE_SECONDS
+            return False
         if due or fingerprint != self._fingerprint:
             await self.refresh()
             return True
         return False
 
-    def _netdevs(self) -> set[str]:
-        if self.inventory is None:
-            return set()
-        return {n for h in self.inventory.hcas for n in h.netdevs}
+    async def refresh_counters(self) -> None:
+        """Re-read every port's counters into the cache the scrapes serve."""
+        self._counters_at = asyncio.get_running_loop().time()
+        self.counters = await self.reader.port_counters()
+
+    async def _refresh_counters(self, now: float) -> None:
+        idle = self._scraped_at is None or now - self._scraped_at > SCRAPE_IDLE_SECONDS
+        if self._counters_at is not None and (idle or now - self._counters_at < COUNTER_SECONDS):
+            return
+        await self.refresh_counters()
+
+    def _netdevs(self) -> frozenset[str]:
+        # Asked once per event, and a flood of events must stay cheap: computed once
+        # per inventory.
+        inv = self.inventory
+        if inv is None:
+            return frozenset()
+        if self._netdevs_of is not inv:
+            self._netdevs_of = inv
+            self._netdev_names = frozenset(n for h in inv.hcas for n in h.netdevs)
+        return self._netdev_names
 
     async def _watch_links(self) -> None:
+        assert self.events is not None
+        loop = asyncio.get_running_loop()
+        quiet_until = 0.0
+        pending: asyncio.TimerHandle | None = None
+        full = False
+
+        def fire() -> None:
+            nonlocal pending, full
+            pending = None
+            self.poke(full=full)
+            full = False
+
         try:
-            sock = netlink.open_socket()
-        except OSError as exc:
-            log.info("rtnetlink events unavailable (%s); port state is polled only", exc)
-            return
-        try:
-            async for event in netlink.events(sock):
+            async for event in self.events():
                 if event.ifname is not None and event.ifname not in self._netdevs():
                     continue
+                self.events_seen += 1
                 log.debug("%s event on %s", event.kind, event.ifname or "a netdev")
                 # An address change changes the RoCE GIDs: only a full pass sees those.
-                self.poke(full=event.kind == "address")
+                full = full or event.kind == "address"
+                now = loop.time()
+                if pending is None and now >= quiet_until:
+                    fire()  # the first event of a burst: look at once
+                elif pending is None:
+                    # Inside a burst: one more look when it has been quiet a moment,
+                    # so the final state is always seen.
+                    pending = loop.call_at(quiet_until, fire)
+                quiet_until = now + COALESCE_SECONDS
         except OSError as exc:
             log.info("rtnetlink events stopped (%s); port state is polled only", exc)
+        finally:
+            if pending is not None:
+                pending.cancel()

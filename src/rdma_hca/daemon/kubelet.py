@@ -144,6 +144,11 @@ class KubeletLifecycle:
 
     # --- tasks ----------------------------------------------------------------------
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The lifecycle's running tasks, for the daemon's supervisor."""
+        return list(self._tasks)
+
     async def start(self) -> None:
         self.request(None, "start")
         self._tasks = [

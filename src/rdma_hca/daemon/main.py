@@ -1,28 +1,79 @@
-"""``rdma-hca serve`` as a process: logging, signals, the event loop around the Daemon."""
+"""``rdma-hca serve`` as a process: limits, logging, signals, the event loop around the Daemon.
+
+Signals: SIGTERM and SIGINT stop the daemon (exit 0); SIGHUP asks for a rescan
+(rediscover the node now and check the kubelet's socket and ours), never a reload:
+the configuration comes from a ConfigMap whose checksum annotation rolls the pods.
+A root task that dies stops the daemon with exit status 1; an HTTP address that
+cannot be listened on is a configuration error (exit 2).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import resource
 import signal
+import sys
 
 from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
 
 from rdma_hca.daemon.config import Settings  # noqa: E402
+from rdma_hca.daemon.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
+
+log = logging.getLogger("rdma_hca.daemon")
+
+EXIT_OK, EXIT_TASK_DIED, EXIT_CONFIG = 0, 1, 2
+# Reads of the machine parse on worker threads; with the interpreter's default of 5 ms a
+# busy worker keeps the event loop waiting up to that long for the GIL at every switch.
+SWITCH_INTERVAL = 0.001
+
+
+def prefer_the_loop() -> float:
+    """Hand the GIL back to the event loop sooner; returns the interval it replaced."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    return before
+
+
+def raise_fd_limit() -> tuple[int, int] | None:
+    """Raise the soft limit on open files to the hard one; the (old, new) soft limits.
+
+    A container often starts with a soft limit of 1024, which a flood of HTTP clients
+    could exhaust; discovery then fails for want of a file descriptor.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == hard:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        return None
+    return soft, hard
 
 
 def serve(settings: Settings) -> int:
     """Run the daemon until SIGTERM or SIGINT; the exit status of the process."""
     setup_logging(settings.log_format.value, settings.log_level)
+    prefer_the_loop()
+    raised = raise_fd_limit()
+    if raised is not None:
+        log.info("raised the open-files limit from %d to %d", *raised)
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        daemon = Daemon(settings)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Daemon(settings).run(stop)
+        loop.add_signal_handler(signal.SIGHUP, daemon.rescan)
+        try:
+            await daemon.run(stop)
+        except BindError as exc:
+            log.error("%s", exc)
+            return EXIT_CONFIG
+        return EXIT_TASK_DIED if daemon.failed else EXIT_OK
 
-    asyncio.run(main())
-    return 0
+    return asyncio.run(main())

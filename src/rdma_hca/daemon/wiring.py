@@ -1,42 +1,58 @@
 """Wiring of the node daemon: discovery → pools → kubelet lifecycle → HTTP endpoints.
 
 ``Daemon.run`` is what ``rdma-hca serve`` runs; the demo, the tests and the
-benchmarks run the same object on simulated trees.
+benchmarks run the same object on simulated trees. The HTTP endpoints see the
+daemon only through :meth:`Daemon.status`, a frozen snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import TYPE_CHECKING
+import os
+import time
+from pathlib import Path
+from typing import Any
 
+from rdma_hca import __version__
 from rdma_hca.daemon.allocations import AllocationStats
-from rdma_hca.daemon.cdi import build_spec, write_spec
+from rdma_hca.daemon.cdi import SPEC_FILE, build_spec, write_spec
 from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.findings import NodeFindings, evaluate_node
 from rdma_hca.daemon.health import HealthWatcher
-from rdma_hca.daemon.kubelet import KubeletLifecycle
+from rdma_hca.daemon.httpserver import MetricsServer
+from rdma_hca.daemon.kubelet import KUBELET_SOCKET, KubeletLifecycle
+from rdma_hca.daemon.machine import MachineReader
+from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
-from rdma_hca.kit.aio import cancel_all
-from rdma_hca.node.model import NodeInventory
-
-if TYPE_CHECKING:
-    from rdma_hca.daemon.metrics import MetricsServer
+from rdma_hca.daemon.status import PoolStatus, Status
+from rdma_hca.daemon.supervise import Supervisor
+from rdma_hca.node.model import Gid, NodeInventory
+from rdma_hca.node.reader import NodeReader
+from rdma_hca.node.roce import ipv6_missing
 
 log = logging.getLogger("rdma_hca.daemon")
 
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
+CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
+STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
 
 
-def _describe(task: asyncio.Task[object]) -> str:
+def _describe(task: asyncio.Task[Any]) -> str:
     frames = task.get_stack(limit=3)
     where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
     return f"{task.get_name()} at {where or '?'}"
 
 
 class Daemon:
-    def __init__(self, settings: Settings, *, netlink: bool = True) -> None:
+    def __init__(self, settings: Settings, *, netlink: bool = True,
+                 reader: MachineReader | None = None,
+                 read_deadline: float | None = None) -> None:
         self.settings = settings
+        # ``read_deadline`` overrides the setting (tests use short ones).
+        self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
+                              else read_deadline)
         self.runtimes = [
             PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
             for p in settings.pools
@@ -48,45 +64,140 @@ class Daemon:
             resend_seconds=settings.resend_seconds,
             on_allocate=self.allocations.observe,
         )
+        self.reader: MachineReader = reader or NodeReader(
+            Path(settings.sysfs_root), Path(settings.dev_root), deadline=self.read_deadline)
+        health_kw: dict[str, Any] = {} if netlink else {"events": None}
         self.health = HealthWatcher(
             self.runtimes,
+            self.reader,
             settings.sysfs_root,
             settings.dev_root,
             poll_seconds=settings.health_poll_seconds,
-            netlink=netlink,
+            deadline=self.read_deadline,
             on_inventory=self._on_inventory,
+            **health_kw,
         )
+        self.supervisor = Supervisor()
         self.findings = NodeFindings()
+        self.http: MetricsServer | None = None
+        self.started = time.time()
+        self.cdi_check_seconds = CDI_CHECK_SECONDS
         self._tasks: list[asyncio.Task[None]] = []
-        self._http: MetricsServer | None = None
         self._cdi_error: str | None = None
+        self._ipv6_ready = False
+        self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
 
     @property
     def inventory(self) -> NodeInventory | None:
         return self.health.inventory
 
+    @property
+    def failed(self) -> bool:
+        """A root task ended by itself: the process should exit non-zero."""
+        return bool(self.supervisor.dead)
+
     def ready(self) -> bool:
         return self.lifecycle.ready()
 
+    # --- what the endpoints read ------------------------------------------------------
+
+    def status(self) -> Status:
+        """The daemon's state now, as one frozen record (cheap: no per-HCA work)."""
+        inv = self.health.inventory
+        return Status(
+            version=__version__,
+            hcas=inv.hcas if inv is not None else (),
+            pools=tuple(
+                PoolStatus(
+                    resource=r.resource_name,
+                    devices=len(r.state.devices),
+                    healthy=r.state.healthy_count(),
+                    hcas=r.selected_hca_count,
+                    missing=r.missing_hcas,
+                    registered=bool(self.lifecycle.registered.get(r.resource_name)),
+                    registrations=self.lifecycle.registrations.get(r.resource_name, 0),
+                )
+                for r in self.runtimes
+            ),
+            kubelet_restarts=self.lifecycle.kubelet_restarts,
+            allocations=dict(self.allocations.total),
+            ipv6_ready=self._ipv6_ready,
+            counters=self.health.counters,
+            state_changes=self.health.state_changes,
+            sysfs_stalls=self.health.stalls_total,
+            discovery_errors=self.health.discovery_errors,
+            started=self.started,
+            health_last_pass=self.health.last_pass,
+            dead_tasks=tuple(self.supervisor.dead),
+            health_stale_after=max(STALE_PASSES * self.settings.health_poll_seconds,
+                                   2 * self.read_deadline + 5.0),
+        )
+
+    # --- following the node -----------------------------------------------------------
+
     async def _on_inventory(self, inventory: NodeInventory) -> None:
+        pool_hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
+        # Judged from the pools' HCAs whether or not the switch is on: the node findings
+        # only look when it is, and an operator reads the gauge to decide whether to
+        # turn it on. Only GIDs decide it, and a port's GIDs are the very same tuple
+        # until a discovery reads them again: every GID of every port is read once
+        # per discovery, not once per port-state change.
+        gids = tuple(p.gids for h in pool_hcas.values() for p in h.ports)
+        seen = self._ipv6_gids
+        if seen is None or len(seen) != len(gids) or any(
+                a is not b for a, b in zip(seen, gids, strict=True)):
+            self._ipv6_gids = gids
+            # Tens of thousands of GIDs on a large node: judged on a worker thread.
+            hcas = tuple(pool_hcas.values())
+            self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
         if self.settings.cdi.enabled:
-            self._write_cdi(inventory)
+            await self._write_cdi(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
             findings.log_changes(self.findings)
             self.findings = findings
 
-    def _write_cdi(self, inventory: NodeInventory) -> None:
+    async def _write_cdi(self, inventory: NodeInventory | None) -> bool:
+        """Write the spec if it differs from the file; True when it was (re)written."""
+        if inventory is None:
+            return False
         hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
+        spec = build_spec(hcas.values(), inventory.rdma_cm)
+        spec_dir = self.settings.cdi.spec_dir
         try:
-            write_spec(self.settings.cdi.spec_dir,
-                       build_spec(hcas.values(), inventory.rdma_cm))
+            written = await self.health.offloop.run(
+                f"the CDI spec in {spec_dir}", lambda: write_spec(spec_dir, spec))
             self._cdi_error = None
-        except OSError as exc:
-            message = f"cannot write the CDI spec in {self.settings.cdi.spec_dir}: {exc}"
+            return written
+        except (OSError, Stalled) as exc:
+            message = f"cannot write the CDI spec in {spec_dir}: {exc}"
             if message != self._cdi_error:
                 log.error("%s; pods allocated now will not get their devices", message)
                 self._cdi_error = message
+            return False
+
+    async def _keep_cdi(self) -> None:
+        """Write the spec again when something removed or changed it."""
+        path = os.path.join(self.settings.cdi.spec_dir, SPEC_FILE)
+        while True:
+            await asyncio.sleep(self.cdi_check_seconds)
+            if await self._write_cdi(self.health.inventory):
+                log.warning("the CDI spec %s was removed or changed; written again", path)
+
+    # --- SIGHUP -----------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        """Rediscover now and check the kubelet's socket and ours (what SIGHUP means)."""
+        gone = [r for r, s in self.lifecycle.servers.items() if not os.path.exists(s.path)]
+        kubelet = os.path.exists(os.path.join(self.settings.kubelet_dir, KUBELET_SOCKET))
+        log.info("rescan asked (SIGHUP): rediscovering the node; kubelet.sock %s%s",
+                 "is there" if kubelet else "is missing",
+                 f"; our socket is gone for {', '.join(gone)}" if gone else "")
+        self.health.poke(full=True)
+        for resource in gone:
+            self.lifecycle.request(resource, "rescan: our socket is gone", hurry=True)
+
+    # --- running ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Discover, then serve and register, then watch; returns once started."""
@@ -94,27 +205,59 @@ class Daemon:
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
         if self.settings.metrics_address:
-            from rdma_hca.daemon.metrics import MetricsServer
-
-            server = MetricsServer(self, self.settings.metrics_address)
+            server = MetricsServer(self.status, self.settings.metrics_address,
+                                   collectors=[self.allocations.latency],
+                                   on_scrape=self.health.want_counters,
+                                   max_connections=self.settings.http.max_connections)
             await server.start()
-            self._http = server
+            self.http = server
+            await self.health.refresh_counters()
         await self.lifecycle.start()
-        self._tasks.append(asyncio.create_task(self.health.run(), name="health"))
+        self.supervisor.watch(self.lifecycle.tasks)
+        self._tasks.append(self.supervisor.spawn("health", self.health.run()))
+        if self.settings.cdi.enabled:
+            self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
-        self._tasks = []
-        await self.lifecycle.stop()
-        if self._http is not None:
-            await self._http.stop()
-            self._http = None
+        """Stop every task and close every server, whatever state they are in."""
+        self.supervisor.stopping()
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self.lifecycle.stop()
+        except Exception:
+            # A lifecycle task that died re-raises here; its servers must still go.
+            for server in list(self.lifecycle.servers.values()):
+                with contextlib.suppress(Exception):
+                    await server.stop()
+            self.lifecycle.servers.clear()
+        finally:
+            if self.http is not None:
+                await self.http.stop()
+                self.http = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
+        """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True)."""
+        stopped = asyncio.ensure_future(stop.wait())
         try:
-            await stop.wait()
+            # A stop during start (its first discovery may wait a whole read deadline)
+            # ends the start: SIGTERM must not wait for a read that never returns.
+            starting = asyncio.ensure_future(self.start())
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return
+            starting.result()
+            failed = asyncio.ensure_future(self.supervisor.failed.wait())
+            try:
+                await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                failed.cancel()
         finally:
+            stopped.cancel()
             log.info("stopping: closing the servers and removing our sockets")
             try:
                 await asyncio.wait_for(self.stop(), STOP_DEADLINE)
@@ -124,4 +267,3 @@ class Daemon:
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
                           "; ".join(_describe(t) for t in stuck))
                 self.lifecycle.remove_sockets()
-

@@ -7,7 +7,8 @@ One run measures, on simulated trees and against the kubelet emulator:
    returns the same bytes (``bench_bare``);
 3. port down → the kubelet sees the devices Unhealthy, at two poll intervals;
 4. kubelet restart → registered again;
-5. discovery on large trees (8, 64, 256 HCAs × 2 ports × 256 GIDs);
+5. discovery on large trees (8, 64, 256 HCAs × 2 ports × 256 GIDs), and on 64 and 256
+   the event loop's worst lag during /metrics scrapes and rediscoveries (``bench_trees``);
 6. idle memory and CPU of the daemon process against the bare server process.
 
 The figures go to ``BENCHMARKS.md`` and ``benchmarks.json`` (see ``bench_report``). A
@@ -48,6 +49,7 @@ from rdma_hca.devkit.bench_procs import (
 from rdma_hca.devkit.bench_report import (
     Figure,
     Report,
+    Spec,
     Target,
     machine_info,
     median,
@@ -56,6 +58,7 @@ from rdma_hca.devkit.bench_report import (
     render_markdown,
     report_json,
 )
+from rdma_hca.devkit.bench_trees import LAG_SIZES, step_tree, tree_specs
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -91,25 +94,6 @@ QUICK = Plan(start_runs=3, allocate_calls=500, allocate_warmup=100, allocate_blo
              flaps=4, restarts=4, settle_seconds=1.0, idle_seconds=5.0, discovery_runs=3)
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What a row is, independent of whether its measurement succeeds."""
-
-    key: str
-    label: str
-    unit: str
-    target: Target | None = None
-    baseline_label: str = ""
-
-    def figure(self, ours: float, baseline: float | None = None, note: str = "") -> Figure:
-        return Figure(self.key, self.label, self.unit, ours, baseline,
-                      self.baseline_label if baseline is not None else "", self.target, note)
-
-    def failed(self, why: str) -> Figure:
-        return Figure(self.key, self.label, self.unit, None, None, "", self.target,
-                      f"not measured: {why}")
-
-
 _ONE_SECOND = Target(1000.0)
 START_SERVE = Spec("start_serve_ms", "start → registered, `rdma-hca serve` process (median)",
                    "ms", baseline_label="bare grpc.aio process start → serving")
@@ -135,13 +119,6 @@ RESTART_MAX = Spec("kubelet_restart_max_ms", "kubelet restart → registered (ma
                    _ONE_SECOND)
 IDLE_RSS = Spec("idle_rss_mib", "idle RSS", "MiB", Target(1.3, on_ratio=True), "bare")
 IDLE_CPU = Spec("idle_cpu_percent", "idle CPU (% of one core)", "%", Target(0.5), "bare")
-
-
-def discovery_spec(hcas: int) -> Spec:
-    target = Target(100.0) if hcas == 64 else None
-    return Spec(f"discovery_{hcas}_hcas_ms",
-                f"discover_node, {hcas} HCAs × 2 ports × 256 GIDs (median)", "ms", target,
-                "reading the GID files alone")
 
 
 def _ms(seconds: float) -> float:
@@ -256,8 +233,9 @@ class Bench:
         self.say("port flaps with --health-poll-seconds 0.25")
         await self.guarded([DOWN_MED_FAST, DOWN_MAX_FAST], self.step_fast_poll)
         for size in self.plan.discovery_sizes:
-            self.say(f"discovery on {size} HCAs × 2 ports × 256 GIDs")
-            await self.guarded([discovery_spec(size)], self._discovery_step(size))
+            self.say(f"discovery on {size} HCAs × 2 ports × 256 GIDs"
+                     + (", and the event loop's lag" if size in LAG_SIZES else ""))
+            await self.guarded(tree_specs(size), self._tree_step(size))
 
     # --- 1. start-up ---------------------------------------------------------------------
 
@@ -452,105 +430,16 @@ class Bench:
                  f"{', '.join(map(str, registrations))}."))
         self.put(RESTART_MAX.figure(_ms(max(total))))
 
+    def _tree_step(self, hcas: int) -> Callable[[], Awaitable[None]]:
+        async def step() -> None:
+            await step_tree(self, hcas, self.plan.discovery_runs, self.plugin_dir)
+
+        return step
+
     async def step_fast_poll(self) -> None:
         serve, _ = await self.start_serve("poll025", ["--health-poll-seconds", "0.25"])
         await self.measure_flaps(serve, 0.25, DOWN_MED_FAST, DOWN_MAX_FAST, "poll_0_25s")
         await self.stop_child(serve)
-
-    # --- 5. discovery ------------------------------------------------------------------------
-
-    def _discovery_step(self, hcas: int) -> Callable[[], Awaitable[None]]:
-        async def step() -> None:
-            await self.step_discovery(hcas)
-
-        return step
-
-    async def step_discovery(self, hcas: int) -> None:
-        from rdma_hca.devkit.sim.nodes import build_node
-        from rdma_hca.node.sysfs import discover_node
-
-        spec = discovery_spec(hcas)
-        root = self.workdir / f"discovery-{hcas}"
-        built = time.perf_counter()
-        node = await asyncio.to_thread(build_node, root, two_port_hcas(hcas))
-        build_seconds = time.perf_counter() - built
-        try:
-            gid_files = _gid_files(str(node.sysfs_root))
-            times: list[float] = []
-            floor: list[float] = []
-            for _ in range(self.plan.discovery_runs):
-                started = time.perf_counter()
-                inventory = discover_node(node.sysfs_root, node.dev_root)
-                times.append(time.perf_counter() - started)
-                floor.append(_read_all(gid_files))
-                # Let the emulator's loop breathe between runs.
-                await asyncio.sleep(0)
-            found = [h for h in inventory.hcas if len(h.ports) == 2]
-            if len(found) != hcas:
-                raise BenchError(f"discovery found {len(found)} two-port HCAs of {hcas} built "
-                                 f"under {root}")
-        finally:
-            await asyncio.to_thread(shutil.rmtree, root, True)
-        self.details[spec.key] = {"runs_ms": [_ms(t) for t in times],
-                                  "read_gid_files_ms": [_ms(t) for t in floor],
-                                  "gid_files": len(gid_files),
-                                  "tree_build_s": round(build_seconds, 2)}
-        self.put(spec.figure(
-            _ms(median(times)), _ms(median(floor)),
-            note=f"median of {len(times)} `discover_node` calls (first, cold: "
-                 f"{_ms(times[0]):.0f} ms) on a tree built with `build_node`. Baseline: "
-                 f"`os.open`/`os.read`/`os.close` of the {len(gid_files)} GID files alone, "
-                 "the least any discovery that reads every GID entry must spend."))
-
-
-def two_port_hcas(count: int) -> list[Any]:
-    """ConnectX-7-like HCAs with two RoCE v2 ports of 256 GIDs each, one netdev per port."""
-    from rdma_hca.devkit.sim.nodes import HcaSpec, PortSpec
-
-    specs = []
-    for i in range(count):
-        ports = tuple(
-            PortSpec(netdev=f"eth{2 * i + p}", ipv4=f"10.{(2 * i + p) // 256}.{(2 * i + p) % 256}"
-                     ".11", gid_table_size=256)
-            for p in range(2)
-        )
-        specs.append(HcaSpec(
-            name=f"mlx5_{i}",
-            pci_address=f"{i // 100:04x}:{0x0C + 2 * (i % 100):02x}:00.0",
-            device="0x1021",
-            numa_node=(i * 2) // count,
-            node_guid=":".join(f"{0xB8599F0300D43C22 + 0x100 * i:016x}"[j:j + 4]
-                               for j in range(0, 16, 4)),
-            ports=ports,
-            uverbs_index=i,
-        ))
-    return specs
-
-
-def _gid_files(sysfs_root: str) -> list[str]:
-    """Every GID entry of every port, reached through the class links as discovery does."""
-    base = os.path.join(sysfs_root, "class", "infiniband")
-    files = []
-    for hca in sorted(os.listdir(base)):
-        ports = os.path.join(base, hca, "ports")
-        for port in sorted(os.listdir(ports)):
-            gids = os.path.join(ports, port, "gids")
-            files += [os.path.join(gids, g) for g in os.listdir(gids)]
-    return files
-
-
-def _read_all(paths: Sequence[str]) -> float:
-    """Seconds to open, read and close each file: the syscall floor of reading GID tables."""
-    opener, reader, closer = os.open, os.read, os.close
-    flags = os.O_RDONLY
-    started = time.perf_counter()
-    for path in paths:
-        fd = opener(path, flags)
-        try:
-            reader(fd, 64)
-        finally:
-            closer(fd)
-    return time.perf_counter() - started
 
 
 _IDS = shared_ids(SLOTS)
@@ -580,7 +469,7 @@ ORDER = [START_SERVE, START_INPROC, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX, DO
 
 
 def _ordered(figures: dict[str, Figure], sizes: Sequence[int], missing: str) -> list[Figure]:
-    specs = [*ORDER, *(discovery_spec(n) for n in sizes), IDLE_RSS, IDLE_CPU]
+    specs = [*ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS, IDLE_CPU]
     return [figures.get(s.key) or s.failed(missing) for s in specs]
 
 

@@ -86,6 +86,25 @@ class Report:
 # --- statistics -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Spec:
+    """What a row is, independent of whether its measurement succeeds."""
+
+    key: str
+    label: str
+    unit: str
+    target: Target | None = None
+    baseline_label: str = ""
+
+    def figure(self, ours: float, baseline: float | None = None, note: str = "") -> Figure:
+        return Figure(self.key, self.label, self.unit, ours, baseline,
+                      self.baseline_label if baseline is not None else "", self.target, note)
+
+    def failed(self, why: str) -> Figure:
+        return Figure(self.key, self.label, self.unit, None, None, "", self.target,
+                      f"not measured: {why}")
+
+
 def percentile(samples: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile: an observed sample, never an interpolation between two."""
     if not samples:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -52,13 +52,3 @@ def _collect(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
-
-async def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
-    """Poll ``predicate`` until true or ``timeout``; for callers without an event to await."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(step)
-    return True

@@ -1,0 +1,72 @@
+"""The daemon's state as one frozen record, for /metrics and the probes.
+
+The HTTP endpoints read this record and nothing else of the daemon: the daemon
+builds it from its parts (``wiring.Daemon.status``), so the endpoints never reach
+into objects that other tasks are changing, and a scrape renders a value no task can
+change under it (which is what lets it render off the event loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rdma_hca.node.model import Hca
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    resource: str
+    devices: int  # advertised to the kubelet
+    healthy: int  # advertised Healthy
+    hcas: int  # HCAs the pool selects
+    missing: tuple[str, ...]  # HCAs the pool held that have vanished
+    registered: bool
+    registrations: int
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """What /healthz answers: ``ok``, or why not."""
+
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    version: str
+    hcas: tuple[Hca, ...] = ()
+    pools: tuple[PoolStatus, ...] = ()
+    kubelet_restarts: int = 0
+    allocations: Mapping[tuple[str, bool], int] = field(default_factory=dict)
+    ipv6_ready: bool = False
+    counters: Mapping[tuple[str, int], Mapping[str, int]] = field(default_factory=dict)
+    state_changes: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    sysfs_stalls: int = 0
+    discovery_errors: Mapping[str, int] = field(default_factory=dict)
+    started: float = 0.0  # unix time the daemon started
+    health_last_pass: float | None = None  # unix time
+    dead_tasks: tuple[str, ...] = ()
+    health_stale_after: float = 10.0  # seconds without a completed pass that fail /healthz
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.pools) and all(p.registered for p in self.pools)
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        return tuple(p.resource for p in self.pools if not p.registered)
+
+    def liveness(self, now: float) -> Liveness:
+        """Alive unless a root task died or the health loop stopped completing passes."""
+        if self.dead_tasks:
+            return Liveness(False, "task ended unexpectedly: " + ", ".join(self.dead_tasks))
+        # Before its first pass the loop is judged from the start: a first pass that
+        # never ends is as dead as a later one.
+        last = self.health_last_pass if self.health_last_pass is not None else self.started
+        age = now - last
+        if age > self.health_stale_after:
+            return Liveness(False, f"the health loop has not completed a pass for {age:.0f} s "
+                                   f"(limit {self.health_stale_after:g} s)")
+        return Liveness(True)

@@ -1,0 +1,64 @@
+"""Root tasks of the daemon, and what happens when one of them ends.
+
+A root task (the health loop, the kubelet lifecycle's tasks) runs as long as the
+daemon; one that ends by itself is a bug. It is logged at once, with its traceback,
+and the daemon stops and exits non-zero, so the DaemonSet restarts the pod.
+
+Why exit rather than restart the task in place: a task that raised left its
+objects in whatever state it was in (a half-replaced server, a registration owed),
+which a fresh process does not inherit; the kubelet's restart back-off already
+spaces the restarts; and a restart is visible (`kubectl get pods` counts them, the
+previous container's log holds the traceback) where a task quietly restarted
+inside the process is not. Until the process has stopped, ``/healthz`` answers 503
+naming the dead task, so the liveness probe agrees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+log = logging.getLogger("rdma_hca.daemon")
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.dead: list[str] = []
+        self.failed = asyncio.Event()
+        self._stopping = False
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self.watch([task])
+        return task
+
+    def watch(self, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """Supervise tasks created elsewhere (they are not cancelled by :meth:`stop`)."""
+        for task in tasks:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        if self._stopping:
+            return
+        if task.cancelled():
+            self._died(task, None, "was cancelled")
+            return
+        exc = task.exception()
+        self._died(task, exc, "failed" if exc is not None else "returned")
+
+    def _died(self, task: asyncio.Task[Any], exc: BaseException | None, how: str) -> None:
+        name = task.get_name()
+        self.dead.append(name)
+        if exc is not None:
+            log.critical("task %s %s; stopping so that the pod is restarted", name, how,
+                         exc_info=(type(exc), exc, exc.__traceback__))
+        else:
+            log.critical("task %s %s unexpectedly; stopping so that the pod is restarted",
+                         name, how)
+        self.failed.set()
+
+    def stopping(self) -> None:
+        """From now on tasks end because we end them: nothing to report."""
+        self._stopping = True

@@ -1,0 +1,151 @@
+"""Root tasks are supervised, /healthz tells the truth, and stop always finishes.
+
+The daemon runs in-process against a simulated node and the kubelet emulator; the
+HTTP endpoints are reached over loopback TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_daemon import R, make_settings
+from test_serve_process import http_get
+from waiting import wait_until
+
+from rdma_hca.daemon.kubelet import socket_name
+from rdma_hca.daemon.machine import PortStates
+from rdma_hca.daemon.status import Status
+from rdma_hca.daemon.wiring import Daemon
+from rdma_hca.devkit.sim.kubelet import KubeletEmulator
+from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.node.reader import NodeReader
+
+
+class HeldReader(NodeReader):
+    """The real reader, whose port-state reads can be made to wait (without a deadline)."""
+
+    def __init__(self, node: SimNode) -> None:
+        super().__init__(node.sysfs_root, node.dev_root, deadline=5.0)
+        self.go = asyncio.Event()
+        self.go.set()
+
+    async def port_states(self) -> PortStates:
+        await self.go.wait()
+        return await super().port_states()
+
+
+async def boom() -> None:
+    await asyncio.sleep(0)
+    raise RuntimeError("something broke in a root task")
+
+
+async def test_a_dead_root_task_is_loud_fails_healthz_and_stops_the_daemon(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        caplog: pytest.LogCaptureFixture) -> None:
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"), netlink=False)
+    stop = asyncio.Event()
+    running = asyncio.create_task(d.run(stop))
+    try:
+        assert await wait_until(lambda: d.http is not None and d.ready(), 10)
+        assert d.http is not None
+        port = d.http.bound_port
+        assert await http_get(port, "/healthz") == (200, "ok\n")
+        d.supervisor.spawn("boom", boom())
+        # The daemon ends by itself, without anyone setting stop.
+        await asyncio.wait_for(running, 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    assert d.failed
+    logged = [r for r in caplog.records if "task boom failed" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # with its traceback
+    assert "something broke" in caplog.text
+    assert not d.status().liveness(time.time()).ok
+    assert "boom" in d.status().liveness(time.time()).reason
+    # Every server is closed and our socket is gone.
+    assert d.http is None
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    assert not (plugin_dir / socket_name(R)).exists()
+
+
+async def test_healthz_is_503_with_the_reason_while_a_task_is_dead(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"), netlink=False)
+    await d.start()
+    try:
+        assert d.http is not None
+        d.supervisor.spawn("boom", boom())
+        assert await wait_until(lambda: bool(d.supervisor.dead), 5)
+        status, body = await http_get(d.http.bound_port, "/healthz")
+        assert status == 503
+        assert "boom" in body
+    finally:
+        await d.stop()
+
+
+async def test_a_lifecycle_task_that_ends_is_noticed_and_stop_still_closes_everything(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"), netlink=False)
+    await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
+        tasks = d.lifecycle.tasks
+        assert tasks, "the lifecycle's tasks are supervised"
+        tasks[0].cancel()  # ends without the daemon asking for it
+        assert await wait_until(lambda: d.failed, 5)
+        assert tasks[0].get_name() in d.supervisor.dead
+    finally:
+        await asyncio.wait_for(d.stop(), 5)
+    assert d.http is None
+    assert not (plugin_dir / socket_name(R)).exists()
+
+
+async def test_healthz_fails_when_the_health_loop_stops_completing_passes(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    reader = HeldReader(node)
+    d = Daemon(make_settings(node, plugin_dir), netlink=False, reader=reader)
+    await d.start()
+    try:
+        assert await wait_until(lambda: d.health.passes >= 2, 5)
+        s = d.status()
+        assert s.health_last_pass is not None
+        assert s.liveness(time.time()).ok
+        reader.go.clear()  # the next pass never completes
+        passes = d.health.passes
+        await asyncio.sleep(0.3)
+        assert d.health.passes <= passes + 1
+        s = d.status()
+        assert s.health_last_pass is not None
+        later = s.health_last_pass + s.health_stale_after + 1
+        alive = s.liveness(later)
+        assert not alive.ok and "health loop" in alive.reason
+        reader.go.set()
+        assert await wait_until(lambda: d.health.passes > passes + 1, 5)
+        s = d.status()
+        assert s.health_last_pass is not None and s.liveness(s.health_last_pass + 1).ok
+    finally:
+        await d.stop()
+
+
+def test_liveness_of_a_fresh_daemon_counts_from_its_start() -> None:
+    s = Status(version="t", started=1000.0, health_stale_after=10.0)
+    assert s.liveness(1005.0).ok
+    assert not s.liveness(1011.0).ok
+    assert replace(s, health_last_pass=1009.0).liveness(1011.0).ok
+    dead = replace(s, health_last_pass=1009.0, dead_tasks=("reconcile",))
+    assert not dead.liveness(1009.5).ok and "reconcile" in dead.liveness(1009.5).reason
+
+
+def test_health_poll_has_no_default_of_its_own() -> None:
+    import inspect
+
+    from rdma_hca.daemon.health import HealthWatcher
+
+    param = inspect.signature(HealthWatcher).parameters["poll_seconds"]
+    assert param.default is inspect.Parameter.empty
+
