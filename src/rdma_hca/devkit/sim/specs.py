@@ -97,6 +97,15 @@ def write_line(path: str, text: str) -> None:
     write(path, (text + "\n").encode("utf-8", "surrogateescape"))
 
 
+def replace_line(path: str, text: str) -> None:
+    """Change a file of a live tree in one step: a sysfs read never sees half an update
+    (the kernel makes an attribute's text when it is read), so neither may the daemon."""
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.new")
+    write_line(tmp, text)
+    os.replace(tmp, path)
+
+
 def symlink(target: str, link: str) -> None:
     """Relative link, as sysfs has them, so a moved or copied tree stays valid."""
     os.symlink(os.path.relpath(target, os.path.dirname(link)), link)

@@ -34,6 +34,7 @@ from rdma_hca.devkit.sim.specs import (
     guid_text,
     link_local,
     port_guid,
+    replace_line,
     symlink,
     write,
     write_line,
@@ -396,7 +397,9 @@ class SimNode(PciTree):
         spec = self._require(hca)
         if not 1 <= port <= len(spec.ports):
             raise KeyError(f"{hca} has no port {port}")
-        self._write_port_state(str(self.port_dir(hca, port)), up)
+        port_dir = str(self.port_dir(hca, port))
+        replace_line(os.path.join(port_dir, "state"), "4: ACTIVE" if up else "1: DOWN")
+        replace_line(os.path.join(port_dir, "phys_state"), "5: LinkUp" if up else "3: Disabled")
         ports = list(spec.ports)
         ports[port - 1] = replace(ports[port - 1], up=up)
         self.specs[hca] = replace(spec, ports=tuple(ports))
@@ -405,7 +408,7 @@ class SimNode(PciTree):
         self._require(hca)
         cdir = self.port_dir(hca, port) / "counters"
         cdir.mkdir(exist_ok=True)
-        write_line(str(cdir / counter), str(value))
+        replace_line(str(cdir / counter), str(value))
 
     def remove_dev_node(self, name: str) -> None:
         """Delete ``<dev_root>/infiniband/<name>`` (e.g. "uverbs3"), as a missing mknod would."""
