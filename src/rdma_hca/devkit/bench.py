@@ -36,6 +36,7 @@ from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.kubelet import socket_name
 from rdma_hca.daemon.pool import shared_ids
+from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE
 from rdma_hca.devkit.bench_procs import (
     BenchError,
@@ -236,6 +237,14 @@ class Bench:
             self.say(f"discovery on {size} HCAs × 2 ports × 256 GIDs"
                      + (", and the event loop's lag" if size in LAG_SIZES else ""))
             await self.guarded(tree_specs(size), self._tree_step(size))
+        self.say("hostile load: 20 clients, floods of bad requests, stray streams, 20k IDs")
+        await self.guarded(ATTACK_SPECS, self.step_attacks)
+
+    async def step_attacks(self) -> None:
+        attacks = self.workdir / "attacks"
+        attacks.mkdir(exist_ok=True)
+        for figure in await attack_figures(str(attacks), self.plan is QUICK):
+            self.put(figure)
 
     # --- 1. start-up ---------------------------------------------------------------------
 
@@ -469,7 +478,8 @@ ORDER = [START_SERVE, START_INPROC, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX, DO
 
 
 def _ordered(figures: dict[str, Figure], sizes: Sequence[int], missing: str) -> list[Figure]:
-    specs = [*ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS, IDLE_CPU]
+    specs = [*ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS, IDLE_CPU,
+             *ATTACK_SPECS]
     return [figures.get(s.key) or s.failed(missing) for s in specs]
 
 

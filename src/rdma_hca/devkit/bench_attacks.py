@@ -21,6 +21,7 @@ import grpc
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.daemon.kubelet import socket_name
 from rdma_hca.devkit.bench_procs import BenchError, Child, sample_process, serve_argv
+from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node
 
@@ -208,3 +209,46 @@ async def preferred_allocation_time(workdir: str, available: int = 20_000,
             await served.child.race(stub.GetPreferredAllocation(request, timeout=120),
                                     "choosing")
             return PreferredAllocation(available, must_include, time.monotonic() - start)
+
+
+ATTACK_RPS = Spec("attack_allocate_rps", "Allocate under 20 concurrent clients", "req/s")
+ATTACK_RSS = Spec("attack_flood_rss_mib",
+                  "RSS after 150 oversized + 1000 malformed Allocates", "MiB",
+                  Target(1.3, on_ratio=True), "before the flood")
+ATTACK_STRAY = Spec("attack_stray_registrations",
+                    "re-registrations caused by 50 stray ListAndWatch clients", "count",
+                    Target(0.0))
+ATTACK_PREFERRED = Spec("attack_preferred_20k_ms",
+                        "GetPreferredAllocation, 20k available + 20k must-include IDs", "ms",
+                        Target(1000.0))
+ATTACK_SPECS = [ATTACK_RPS, ATTACK_RSS, ATTACK_STRAY, ATTACK_PREFERRED]
+
+
+async def attack_figures(workdir: str, quick: bool) -> list[Figure]:
+    """The hostile-load rows of ``make bench``, each against its own ``serve`` process."""
+    def own(name: str) -> str:
+        path = os.path.join(workdir, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    load = await allocate_under_clients(own("load"), seconds=1.5 if quick else 3.0)
+    flood = await rss_after_floods(own("flood"))
+    stray = await stray_stream_registrations(own("stray"))
+    chosen = await preferred_allocation_time(own("preferred"))
+    return [
+        ATTACK_RPS.figure(load.requests_per_second,
+                          note=f"{load.calls} calls answered in {load.seconds:.1f} s by one "
+                               f"`rdma-hca serve`, {load.clients} clients each on its own "
+                               f"connection; {load.errors} failed"),
+        ATTACK_RSS.figure(flood.rss_after_kib / 1024, flood.rss_before_kib / 1024,
+                          note=f"{flood.oversized} requests of ~4 MB (over the daemon's receive "
+                               f"limit) then {flood.malformed} undecodable ones on one "
+                               "connection; VmRSS before and after; still serves Allocate: "
+                               f"{'yes' if flood.still_serves else 'NO'}"),
+        ATTACK_STRAY.figure(float(stray.registrations),
+                            note=f"{stray.streams} clients one after another open ListAndWatch, "
+                                 "read one message and cancel; registrations the kubelet "
+                                 "emulator saw meanwhile"),
+        ATTACK_PREFERRED.figure(chosen.seconds * 1000.0,
+                                note="one call against an exclusive pool, timed at the client"),
+    ]

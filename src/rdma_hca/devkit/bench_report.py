@@ -128,6 +128,8 @@ def median(samples: Sequence[float]) -> float:
 def _number(value: float, unit: str) -> str:
     if unit == "%":
         return f"{value:.2f}"
+    if unit in ("count", "req/s"):
+        return f"{value:.0f}"
     if abs(value) >= 100:
         return f"{value:.0f}"
     if abs(value) >= 10:
