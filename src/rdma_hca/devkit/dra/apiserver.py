@@ -163,8 +163,7 @@ class FakeApiServer:
         return f"http://{text}:{port}"
 
     def start(self) -> FakeApiServer:
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        httpd.daemon_threads = True
+        httpd = _Server(("127.0.0.1", 0), _Handler)
         httpd.api = self  # type: ignore[attr-defined]
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
@@ -344,6 +343,12 @@ class FakeApiServer:
                     raise HttpError(404, "NotFound", f'{resource} "{name}" not found')
                 return 200, copy.deepcopy(obj)
         raise HttpError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Clients keep connections alive; closing must not wait for them to hang up.
+    block_on_close = False
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -112,7 +112,10 @@ class DraStage:
 
     def devices(self) -> dict[str, dict[str, Any]]:
         """The node's published devices by name (of its one slice; empty when none)."""
-        found = self.slices()
+        return self.devices_of(None)
+
+    def devices_of(self, driver: str | None) -> dict[str, dict[str, Any]]:
+        found = [s for s in self.slices() if driver is None or s["spec"]["driver"] == driver]
         if len(found) != 1:
             return {}
         return {d["name"]: d for d in found[0]["spec"].get("devices") or []}
