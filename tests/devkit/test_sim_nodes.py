@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,7 @@ def test_class_entries_are_relative_links_into_devices(gpu: sim.SimNode) -> None
     assert sorted(p.name for p in cls.iterdir()) == sorted(gpu.specs)
     for entry in cls.iterdir():
         target = os.readlink(entry)
-        assert target.startswith("../../devices/pci0000:00/")
+        assert target.startswith(f"../../devices/{gpu.expected_pcie_root(entry.name)}/")
         assert target.endswith(f"/infiniband/{entry.name}")
         assert entry.resolve().is_dir()
 
@@ -232,3 +234,51 @@ def test_broken_nodes_mark_what_they_damaged(tmp_path: Path) -> None:
     assert not (nodes["dangling_symlink"].hca_dir("mlx5_9")).exists()
     state = nodes["garbage_state"].port_dir("mlx5_0") / "state"
     assert state.read_text() == "banana\n"
+
+
+def test_a_file_can_become_a_fifo_and_back(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=1, bond=False, gid_table_size=4)
+    rel = "class/infiniband/mlx5_0/ports/1/state"
+    path = node.replace_with_fifo(rel)
+    real = Path(os.path.realpath(path))
+    assert stat.S_ISFIFO(real.stat().st_mode)
+    # A reader blocked in open() returns once the FIFO is released (or, had it not got
+    # there yet, reads the file put back).
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(real.read_bytes()), daemon=True)
+    reader.start()
+    reader.join(0.05)
+    assert reader.is_alive()
+    node.release_fifos()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert got and got[0] in (b"", b"4: ACTIVE\n")
+    assert real.read_text() == "4: ACTIVE\n"
+    assert node.fifos == {}
+    assert not any(p.name.endswith((".fifo-released", ".fifo-sim")) for p in real.parent.iterdir())
+
+
+def test_pci_functions_are_linked_from_the_pci_bus(gpu: sim.SimNode) -> None:
+    bus = gpu.sysfs_root / "bus" / "pci" / "devices"
+    for name, spec in gpu.specs.items():
+        assert spec.pci_address is not None
+        assert (bus / spec.pci_address).resolve() == gpu.pci_dir(name).resolve()  # type: ignore[union-attr]
+    gpus = [a for addresses in gpu.gpus_by_root().values() for a in addresses]
+    assert len(gpus) == 8
+    for address in gpus:
+        function = (bus / address).resolve()
+        assert function.parent.parent.parent.parent.name.startswith("pci0000:")
+        assert (function / "class").read_text() == "0x030200\n"
+
+
+def test_hostile_and_real_world_builders(tmp_path: Path) -> None:
+    hostile = sim.hostile_nodes(tmp_path / "hostile")
+    assert all(n.damaged for k, n in hostile.items() if k != "prefix_only_gids")
+    odd = hostile["non_utf8_names"].sysfs_root / "class" / "infiniband"
+    assert b"mlx5_\xff" in os.listdir(os.fsencode(odd))
+    mlx4 = sim.mlx4_infiniband_node(tmp_path / "mlx4")
+    gids = mlx4.port_dir("mlx4_0") / "gids"
+    assert {(gids / str(i)).read_text() for i in range(1, 128)} == {
+        "fe80:0000:0000:0000:0000:0000:0000:0000\n"}
+    lag = sim.mlx5_roce_bond_node(tmp_path / "lag")
+    assert lag.expected_pcie_root("mlx5_bond_0") == "pci0000:97"

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
 from rdma_hca.node.sysfs import (
     UNKNOWN,
-    discover,
     discover_node,
     natural_key,
-    read_netns_mode,
     read_port_counters,
     read_port_states,
 )
@@ -546,3 +545,10 @@ def test_odd_gid_table_entries_are_named_and_skipped(tmp_path: Path) -> None:
     assert any(str(gids / "7") in w for w in inv.warnings)
     assert any(str(gids / "extra") in w for w in inv.warnings)
     assert [g.index for g in _by_name(inv)["mlx5_0"].ports[0].gids] == [0, 1, 2, 3]
+
+
+def test_readers_only_tests_use_live_with_the_tests() -> None:
+    from rdma_hca.node import sysfs
+
+    assert not hasattr(sysfs, "discover")
+    assert not hasattr(sysfs, "read_netns_mode")

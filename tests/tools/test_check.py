@@ -183,14 +183,27 @@ def test_hca_named_but_not_visible(container: Container,
 
 def test_memlock_limited(container: Container, capsys: pytest.CaptureFixture[str]) -> None:
     container.write_proc("limits", DOCKER_LIMITS)
+    container.write_proc("status", status_text(CAPS_DEFAULT))
     assert container.run() == 1
     out = capsys.readouterr().out
     assert "✗ memlock limit: 8 MiB (soft limit)" in out
     assert "how to fix: set memlock unlimited in the container runtime / add IPC_LOCK" in out
 
 
+def test_memlock_limit_does_not_matter_with_ipc_lock(
+    container: Container, capsys: pytest.CaptureFixture[str]
+) -> None:
+    container.write_proc("limits", DOCKER_LIMITS)
+    assert container.run() == 0
+    out = capsys.readouterr().out
+    assert "✓ memlock limit: 8 MiB (soft limit); does not matter: CAP_IPC_LOCK" in out
+    container.write_proc("limits", "garbage\n")
+    assert container.run() == 0
+
+
 def test_memlock_unreadable(container: Container, capsys: pytest.CaptureFixture[str]) -> None:
     container.write_proc("limits", "garbage\n")
+    container.write_proc("status", status_text(CAPS_DEFAULT))
     assert container.run() == 1
     assert "no readable 'Max locked memory' line" in capsys.readouterr().out
 
@@ -261,3 +274,25 @@ def test_json(container: Container, capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--no-such-flag"], env={}) == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_a_file_that_never_answers_fails_its_hca_and_is_named(
+    container: Container, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rel = "class/infiniband/mlx5_1/ports/1/state"
+    container.node.replace_with_fifo(rel)
+    path = os.path.abspath(container.node.sysfs_root / rel)
+    try:
+        assert container.run("--read-deadline", "0.3") == 1
+        out = capsys.readouterr().out
+        assert "✗ HCA mlx5_1: no port up (port 1 UNKNOWN/UNKNOWN)" in out
+        assert f"✗ sysfs reads: 1 file(s) did not answer within 0.3 s: {path}" in out
+        assert "✓ HCA mlx5_0:" in out
+    finally:
+        container.node.release_fifos()
+
+
+def test_bad_read_deadline_exits_2(container: Container,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert container.run("--read-deadline", "soon") == 2
+    assert "'soon' is not a number of seconds" in capsys.readouterr().err

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import socket
 import tempfile
 import threading
@@ -14,8 +16,16 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, infiniband_node, no_rdma_node
-from rdma_hca.tools.doctor import main
+from rdma_hca.devkit.sim.nodes import (
+    SimNode,
+    gpu_node,
+    hostile_nodes,
+    infiniband_node,
+    no_rdma_node,
+)
+from rdma_hca.tools.doctor import add_parser, main
+from rdma_hca.tools.doctor import node as doctor_node
+from rdma_hca.tools.doctor.result import parse_command
 
 
 class _Readyz(ThreadingHTTPServer):
@@ -69,6 +79,18 @@ class Host:
                 "--readyz-url", self.readyz_url, *extra]
         return main(argv, env=env or {})
 
+    def doctor_with_deadline(self, deadline: float, *extra: str) -> tuple[int, str]:
+        """The doctor with a short read deadline (a flag of the CLI, not of ``main``)."""
+        argv = ["--node", "--sysfs-root", str(self.node.sysfs_root), "--dev-root",
+                str(self.node.dev_root), "--kubelet-dir", str(self.kubelet_dir),
+                "--readyz-url", self.readyz_url, *extra]
+        args = parse_command("doctor", add_parser, argv)
+        assert not isinstance(args, int)
+        args.read_deadline = deadline
+        out = io.StringIO()
+        status = doctor_node.run(args, out=out, env={})
+        return status, out.getvalue()
+
 
 @pytest.fixture
 def host(tmp_path: Path, readyz: _Readyz) -> Iterator[Host]:
@@ -90,9 +112,10 @@ def test_healthy_node_passes(host: Host, capsys: pytest.CaptureFixture[str]) -> 
     assert "✗" not in out
     lines = out.splitlines()
     assert lines[0].split() == ["HCA", "PORT", "LINK", "STATE", "LAYER", "RATE", "NETDEV",
-                                "DEVICE", "NODES", "NUMA"]
+                                "DEVICE", "NODES", "NUMA", "PCIE", "ROOT"]
     assert lines[1].split()[:7] == ["mlx5_0", "1", "up", "ACTIVE/LinkUp", "Ethernet", "400G",
                                     "eth0"]
+    assert lines[1].split()[-1] == host.node.expected_pcie_root("mlx5_0")
     assert "✓ HCAs: 2 found: mlx5_0, mlx5_1" in out
     assert "✓ rdma_cm: /dev/infiniband/rdma_cm" in out
     assert "✓ kubelet socket:" in out
@@ -254,5 +277,38 @@ def test_json(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
     hcas = {h["name"]: h for h in doc["hcas"]}
     assert hcas["mlx5_0"]["ports"][0]["up"] is False
     assert hcas["mlx5_1"]["ports"][0]["up"] is True
+    assert hcas["mlx5_1"]["pcieRoot"] == host.node.expected_pcie_root("mlx5_1")
+    assert hcas["mlx5_1"]["pciBusID"] == host.node.specs["mlx5_1"].pci_address
+    assert doc["stalled"] == []
     failed = [c["name"] for c in doc["checks"] if not c["ok"]]
     assert failed == ["HCA mlx5_0"]
+
+
+def test_a_file_that_never_answers_is_named_and_the_doctor_ends(host: Host) -> None:
+    rel = "class/infiniband/mlx5_1/ports/1/phys_state"
+    host.node.replace_with_fifo(rel)
+    path = os.path.abspath(host.node.sysfs_root / rel)
+    try:
+        status, out = host.doctor_with_deadline(0.3)
+        assert status == 1
+        assert f"✗ sysfs reads: 1 file(s) did not answer within 0.3 s: {path}" in out
+        assert "✗ HCA mlx5_1: no port up (port 1 UNKNOWN/UNKNOWN eth1)" in out
+        status, raw = host.doctor_with_deadline(0.3, "--json")
+        doc = json.loads(raw)
+        assert doc["stalled"] == [path]
+        assert [c["name"] for c in doc["checks"] if not c["ok"]][:2] == [
+            "sysfs reads", "HCA mlx5_1"]
+    finally:
+        host.node.release_fifos()
+
+
+def test_non_utf8_names_do_not_crash_the_doctor(host: Host, tmp_path: Path) -> None:
+    host.node = hostile_nodes(tmp_path / "hostile")["non_utf8_names"]
+    status, out = host.doctor_with_deadline(5.0)
+    out.encode("utf-8")
+    assert status == 1  # the oddly named HCA cannot be offered
+    assert "HCA mlx5_\\xff: its name holds bytes that are not UTF-8" in out
+    status, raw = host.doctor_with_deadline(5.0, "--json")
+    doc = json.loads(raw.encode("utf-8"))
+    assert [h["name"] for h in doc["hcas"]] == ["mlx5_1", "mlx5_\\xff"]
+    assert doc["hcas"][0]["ports"][0]["netdevs"] == ["eth\\xfe1"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +16,7 @@ import pytest
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.sysfs import discover_node
+from rdma_hca.tools import report
 from rdma_hca.tools.report import JSON_VERSION, inventory_to_json, render_inventory
 
 
@@ -56,12 +62,15 @@ def test_lines_fit_in_100_columns(gpu_text: str) -> None:
 
 def test_hca_table(gpu: sim.SimNode, gpu_text: str) -> None:
     table = _section(gpu_text, "HCAs")
-    assert table[0].split() == ["HCA", "DRIVER", "PCI", "NUMA", "ID", "FIRMWARE", "BOARD", "USABLE"]
+    assert table[0].split() == [
+        "HCA", "DRIVER", "PCI", "PCIE-ROOT", "NUMA", "ID", "FIRMWARE", "BOARD", "USABLE"
+    ]  # fmt: skip
     assert len(table) == 10
     assert _row(table, "mlx5_5") == [
         "mlx5_5",
         "mlx5_core",
         gpu.specs["mlx5_5"].pci_address,
+        gpu.expected_pcie_root("mlx5_5"),
         "1",
         "15b3:1021",
         "28.39.1002",
@@ -166,7 +175,10 @@ def test_warnings_are_listed_and_wrapped(tmp_path: Path) -> None:
 def test_json_shape(gpu: sim.SimNode) -> None:
     data: Any = inventory_to_json(_inventory(gpu))
     assert json.loads(json.dumps(data)) == data
-    assert list(data) == ["version", "summary", "netns_mode", "rdma_cm", "hcas", "warnings"]
+    assert list(data) == [
+        "version", "summary", "netns_mode", "rdma_cm", "hcas", "stalled", "warnings"
+    ]  # fmt: skip
+    assert data["stalled"] == []
     assert data["version"] == JSON_VERSION
     assert data["summary"] == {"hcas": 9, "usable": 9}
     assert data["rdma_cm"] == {
@@ -179,6 +191,8 @@ def test_json_shape(gpu: sim.SimNode) -> None:
     first = hcas[0]
     assert first["name"] == "mlx5_0"
     assert first["numa_node"] == 0
+    assert first["pci_bus_id"] == gpu.specs["mlx5_0"].pci_address
+    assert first["pcie_root"] == gpu.expected_pcie_root("mlx5_0")
     assert first["uverbs"]["name"] == gpu.uverbs_name("mlx5_0")
     assert first["device_nodes"] == [f"/dev/infiniband/{gpu.uverbs_name('mlx5_0')}"]
     port = first["ports"][0]
@@ -218,3 +232,109 @@ def test_json_unusable_and_empty(tmp_path: Path) -> None:
     assert empty["hcas"] == []
     assert empty["rdma_cm"] is None
     assert empty["netns_mode"] is None
+
+
+# -- hostile trees: every output stays valid UTF-8 and JSON, and ends --------------------
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sim.SimNode]:
+    return sim.hostile_nodes(tmp_path_factory.mktemp("hostile"))
+
+
+def _discover(node: sim.SimNode, *, as_json: bool, deadline: float = 5.0) -> tuple[int, str]:
+    args = argparse.Namespace(sysfs_root=str(node.sysfs_root), dev_root=str(node.dev_root),
+                              json=as_json, read_deadline=deadline)
+    out = io.StringIO()
+    status = report.run(args, out=out)
+    return status, out.getvalue()
+
+
+def test_non_utf8_names_are_shown_escaped(hostile: dict[str, sim.SimNode]) -> None:
+    node = hostile["non_utf8_names"]
+    status, text = _discover(node, as_json=False)
+    assert status == 0
+    text.encode("utf-8")  # raises on a lone surrogate
+    assert "mlx5_\\xff" in text and "eth\\xfe1" in text
+    status, raw = _discover(node, as_json=True)
+    data = json.loads(raw.encode("utf-8"))
+    names = [h["name"] for h in data["hcas"]]
+    assert names == ["mlx5_1", "mlx5_\\xff"]
+    assert data["hcas"][1]["usable"] is False
+    assert data["hcas"][0]["netdevs"] == ["eth\\xfe1"]
+
+
+def test_impossible_numbers_never_reach_json_as_infinity(
+    hostile: dict[str, sim.SimNode],
+) -> None:
+    node = hostile["impossible_numbers"]
+    _, raw = _discover(node, as_json=True)
+    data = json.loads(raw, parse_constant=lambda c: pytest.fail(f"JSON holds {c}"))
+    hcas = {h["name"]: h for h in data["hcas"]}
+    assert hcas["mlx5_0"]["ports"][0]["rate_gbps"] is None
+    assert hcas["mlx5_1"]["numa_node"] is None
+    for path in node.damaged:
+        assert any(str(path) in w or os.path.realpath(path) in w for w in data["warnings"])
+
+
+def test_clean_json_drops_nan_and_infinity() -> None:
+    inv = _inventory_with_rate(float("inf"))
+    data: Any = inventory_to_json(inv)
+    assert data["hcas"][0]["ports"][0]["rate_gbps"] is None
+    json.dumps(data, allow_nan=False)
+    assert report.clean_json([float("nan"), "a\udcffb", {"k": (1.5,)}]) == [
+        None, "a\\xffb", {"k": [1.5]}
+    ]  # fmt: skip
+
+
+def _inventory_with_rate(rate: float) -> NodeInventory:
+    node_inv = _SMALL_INVENTORY[0]
+    hca = node_inv.hcas[0]
+    port = replace(hca.ports[0], rate_gbps=rate)
+    return replace(node_inv, hcas=(replace(hca, ports=(port,)),))
+
+
+_SMALL_INVENTORY: list[NodeInventory] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_inventory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    node = sim.gpu_node(tmp_path_factory.mktemp("small"), hcas=1, bond=False, gid_table_size=4)
+    _SMALL_INVENTORY[:] = [_inventory(node)]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Iterator[sim.SimNode]:
+    node = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=8)
+    yield node
+    node.release_fifos()
+
+
+def test_discover_names_a_file_that_never_answers(small: sim.SimNode) -> None:
+    rel = "class/infiniband/mlx5_1/ports/1/state"
+    small.replace_with_fifo(rel)
+    path = os.path.abspath(small.sysfs_root / rel)
+    status, text = _discover(small, as_json=False, deadline=0.3)
+    assert status == report.EXIT_STALLED
+    stalled = _section(text, "Did not answer within the read deadline (1)")
+    assert stalled[0].startswith("- /")
+    assert path in "".join(line.removeprefix("- ").strip() for line in stalled)
+    assert _row(_section(text, "Ports"), "mlx5_1")[2:4] == ["UNKNOWN", "UNKNOWN"]
+    status, raw = _discover(small, as_json=True, deadline=0.3)
+    assert status == report.EXIT_STALLED
+    data = json.loads(raw)
+    assert data["stalled"] == [path]
+    assert [h["name"] for h in data["hcas"]] == ["mlx5_0", "mlx5_1"]
+
+
+def test_the_discover_command_prints_json_and_exits_0(
+    small: sim.SimNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rdma_hca.tools import cli
+
+    argv = ["discover", "--json", "--sysfs-root", str(small.sysfs_root),
+            "--dev-root", str(small.dev_root)]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [h["pcie_root"] for h in data["hcas"]] == [
+        small.expected_pcie_root("mlx5_0"), small.expected_pcie_root("mlx5_1")]

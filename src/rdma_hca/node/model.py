@@ -1,6 +1,6 @@
 """Immutable records of what discovery found on a node.
 
-Nothing here does I/O: these values flow from ``sysfs`` to ``pool``, ``health``
+Nothing here does I/O: these values flow from discovery to ``pool``, ``health``
 and the reports, and being frozen they can be shared between tasks and compared
 to notice change.
 """
@@ -56,8 +56,8 @@ class Gid:
 @dataclass(frozen=True, slots=True)
 class Port:
     number: int
-    state: str  # "ACTIVE", "DOWN", "INIT", "ARMED" (text after "N: ")
-    phys_state: str  # "LinkUp", "Disabled", "Polling", ...
+    state: str  # "ACTIVE", "DOWN", "INIT", "ARMED" (the kernel's name for the number)
+    phys_state: str  # "LinkUp", "Disabled", "Polling", ...; "UNKNOWN" when not known
     link_layer: LinkLayer
     rate: str  # as sysfs prints it, e.g. "400 Gb/sec (4X NDR)"
     rate_gbps: float | None
@@ -88,6 +88,11 @@ class Hca:
     ports: tuple[Port, ...]
     uverbs: CharDevice | None
     problems: tuple[str, ...] = field(default=())  # why it cannot be used, if it cannot
+    # Where it sits on the PCI tree, as Kubernetes' standard DRA attributes name it:
+    # resource.kubernetes.io/pciBusID ("0000:3b:00.0") and .../pcieRoot ("pci0000:3a").
+    # None for a device that is not a PCI function (rxe, siw).
+    pci_bus_id: str | None = None
+    pcie_root: str | None = None
 
     @property
     def usable(self) -> bool:
@@ -125,3 +130,6 @@ class NodeInventory:
     rdma_cm: CharDevice | None
     netns_mode: str | None  # "shared", "exclusive", or None when the kernel does not say
     warnings: tuple[str, ...] = ()
+    # Absolute paths of the files that did not answer within the deadline in this pass;
+    # the HCAs they belong to read with their ports UNKNOWN.
+    stalled: tuple[str, ...] = ()

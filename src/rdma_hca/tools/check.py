@@ -5,7 +5,11 @@ the HCAs named in ``RDMA_HCA_DEVICES`` (set by the plugin's Allocate), the memlo
 ``CAP_IPC_LOCK`` and the size of ``/dev/shm``. Each of these, when wrong, makes verbs or
 NCCL fail later with an error that does not name the cause; here each gets a fix.
 
-Exit status: 0 when every check passes, 1 when one fails, 2 on bad flags.
+Reading sysfs is bounded by a deadline (``--read-deadline``, 5 s): a file that does not
+answer fails the check of the HCA it belongs to and is named.
+
+Exit status: 0 when every check passes, 1 when one fails (a file that did not answer, or
+discovery that ran out of a resource, is a failed check), 2 on bad flags.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.node.model import Hca
-from rdma_hca.node.sysfs import discover_node
+from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command
+from rdma_hca.tools.report import clean_json, printable_lines
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 SUBJECT = "container"
@@ -49,7 +54,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     p.add_argument("--dev-root", default="/dev", help="where device nodes live")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--read-deadline", type=_seconds, default=DEFAULT_DEADLINE, metavar="SECONDS",
+                   help="give up on a sysfs file that has not answered after this long "
+                        f"(default {DEFAULT_DEADLINE:g})")
     p.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds between 0 and 3600 (e.g. 5)")
+    return value
 
 
 def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
@@ -60,24 +79,27 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         env=os.environ if env is None else env,
+        deadline=getattr(args, "read_deadline", None) or DEFAULT_DEADLINE,
     )
     ok = all(c.ok for c in checks)
     if args.json:
-        doc = {"ok": ok, "checks": checks_json(checks)}
-        stream.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        doc = clean_json({"ok": ok, "checks": checks_json(checks)})
+        stream.write(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     else:
-        stream.write(checks_text(checks) + "\n\n" + summary(checks) + "\n")
+        stream.write(printable_lines(checks_text(checks) + "\n\n" + summary(checks)) + "\n")
     return EXIT_OK if ok else EXIT_FAIL
 
 
 def run_checks(
-    *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str]
+    *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str],
+    deadline: float = DEFAULT_DEADLINE,
 ) -> list[Check]:
     """Every check, in the order a user should fix them."""
     checks = device_node_checks(dev_root)
-    checks.extend(hca_checks(sysfs_root, dev_root, env))
-    checks.append(memlock_check(proc_root))
-    checks.append(ipc_lock_check(proc_root))
+    checks.extend(hca_checks(sysfs_root, dev_root, env, deadline=deadline))
+    ipc_lock = ipc_lock_check(proc_root)
+    checks.append(memlock_check(proc_root, ipc_lock=ipc_lock.ok))
+    checks.append(ipc_lock)
     checks.append(shm_check(proc_root, dev_root))
     return checks
 
@@ -134,7 +156,8 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str]) -> list[Check]:
+def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
+               deadline: float = DEFAULT_DEADLINE) -> list[Check]:
     """Every HCA the plugin named must be visible here, have a port up and its device node."""
     raw = env.get(ENV_DEVICES)
     if raw is None:
@@ -147,8 +170,22 @@ def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str]) -> list
                       "check the node: kubectl -n kube-system exec <plugin pod> -- "
                       "rdma-hca doctor --node, then recreate this pod")]
     # The daemon's own discovery, so "visible" means what the plugin would also see.
-    found = {h.name: h for h in discover_node(sysfs_root, dev_root).hcas}
-    return [_hca_check(found.get(name), name, sysfs_root) for name in names]
+    try:
+        inv = discover_bounded(sysfs_root, dev_root, deadline=deadline)
+    except DiscoveryFailed as exc:
+        return [Check(SUBJECT, "HCA discovery", False, str(exc),
+                      "the container is out of file descriptors or memory: raise its limits "
+                      "and run the check again")]
+    found = {h.name: h for h in inv.hcas}
+    checks = [_hca_check(found.get(name), name, sysfs_root) for name in names]
+    if inv.stalled:
+        checks.append(Check(SUBJECT, "sysfs reads", False,
+                            f"{len(inv.stalled)} file(s) did not answer within {deadline:g} s: "
+                            + ", ".join(inv.stalled),
+                            "the HCA driver is stuck (often on its firmware): the HCAs these "
+                            "files belong to count as down; check the node with rdma-hca "
+                            "doctor --node and dmesg"))
+    return checks
 
 
 def _hca_check(hca: Hca | None, name: str, sysfs_root: Path) -> Check:
@@ -184,11 +221,22 @@ def _human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def memlock_check(proc_root: Path) -> Check:
-    """The soft RLIMIT_MEMLOCK: registering memory with an HCA pins (locks) it."""
+def memlock_check(proc_root: Path, *, ipc_lock: bool = False) -> Check:
+    """The soft RLIMIT_MEMLOCK: registering memory with an HCA pins (locks) it.
+
+    A process with CAP_IPC_LOCK may lock memory beyond the limit (the kernel's
+    can_do_mlock), so then the limit does not matter and the check passes whatever it is.
+    """
     title = "memlock limit"
     limits = proc_root / "self" / "limits"
     text = _read(limits)
+    if ipc_lock:
+        shown = _soft_memlock(text) if text is not None else None
+        said = "unlimited" if shown == "unlimited" else (
+            f"{_human_bytes(int(shown))} (soft limit)" if shown and shown.isdigit()
+            else "not readable")
+        return Check(SUBJECT, title, True,
+                     f"{said}; does not matter: CAP_IPC_LOCK lets this process lock more")
     if text is None:
         return Check(SUBJECT, title, False, f"cannot read {limits}",
                      "mount /proc in the container (it always is, unless --proc-root is wrong)")
@@ -205,6 +253,14 @@ def memlock_check(proc_root: Path) -> Check:
             break
     return Check(SUBJECT, title, False, f"no readable 'Max locked memory' line in {limits}",
                  MEMLOCK_FIX)
+
+
+def _soft_memlock(text: str) -> str | None:
+    for line in text.splitlines():
+        if line.startswith("Max locked memory"):
+            fields = line[len("Max locked memory"):].split()
+            return fields[0] if fields else None
+    return None
 
 
 def ipc_lock_check(proc_root: Path) -> Check:

@@ -102,15 +102,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from rdma_hca.node.sysfs import discover_node
-    from rdma_hca.tools.report import inventory_to_json, render_inventory
+    from rdma_hca.tools import report
 
-    inventory = discover_node(args.sysfs_root, args.dev_root)
-    if args.json:
-        print(json.dumps(inventory_to_json(inventory), indent=2))
-    else:
-        print(render_inventory(inventory))
-    return 0
+    return report.run(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

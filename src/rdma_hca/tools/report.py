@@ -1,23 +1,49 @@
 """What ``rdma-hca discover`` prints: tables for people, a stable JSON shape for scripts.
 
 The tables answer the questions asked when RDMA does not work in a pod, in the order
-they are usually asked: which HCAs are there and can they be offered, are the links up,
-which addresses (RoCE v2 GIDs) exist, do the device nodes exist, and what looked wrong.
-Lines stay within 100 columns so the output reads in a terminal or a log viewer.
+they are usually asked: which HCAs are there and can they be offered, where they sit on
+the PCI tree, are the links up, which addresses (RoCE v2 GIDs) exist, do the device
+nodes exist, which files did not answer, and what looked wrong. Lines stay within 100
+columns so the output reads in a terminal or a log viewer.
+
+Whatever bytes sysfs holds, the output is valid UTF-8 (undecodable bytes show as
+``\xff``) and the JSON holds no NaN or Infinity.
+
+Exit status of ``rdma-hca discover``: 0 when discovery read every file, 1 when a file did
+not answer within the read deadline (the output names it; the HCA it belongs to shows
+its ports UNKNOWN), 2 on bad flags or when discovery could not run (a resource ran out).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import sys
 import textwrap
 from collections.abc import Sequence
+from typing import TextIO
 
 from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeInventory, Port
-from rdma_hca.node.sysfs import unusable_warning
+from rdma_hca.node.parse import printable, unusable_warning
+from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 
-__all__ = ["JSON_VERSION", "inventory_to_json", "render_inventory"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_STALLED",
+    "EXIT_USAGE",
+    "JSON_VERSION",
+    "clean_json",
+    "inventory_to_json",
+    "render_inventory",
+    "run",
+]
 
-JSON_VERSION = 1
-"""Bumped when a field of :func:`inventory_to_json` changes meaning or goes away."""
+JSON_VERSION = 2
+"""Bumped when a field of :func:`inventory_to_json` changes meaning or goes away.
+2: ``pci_bus_id``, ``pcie_root`` per HCA and ``stalled`` (files that did not answer)."""
+
+EXIT_OK, EXIT_STALLED, EXIT_USAGE = 0, 1, 2
 
 _WIDTH = 100
 _MAX_CELL = 28  # one odd value (a long board id) must not push a table past the width
@@ -78,12 +104,13 @@ def _has_global_v6(hca: Hca) -> bool:
 
 
 def _hca_section(hcas: Sequence[Hca]) -> list[str]:
-    headers = ("HCA", "DRIVER", "PCI", "NUMA", "ID", "FIRMWARE", "BOARD", "USABLE")
+    headers = ("HCA", "DRIVER", "PCI", "PCIE-ROOT", "NUMA", "ID", "FIRMWARE", "BOARD", "USABLE")
     rows = [
         (
             h.name,
             h.driver,
             h.pci_address,
+            h.pcie_root,
             h.numa_node,
             _pci_id(h),
             h.fw_ver,
@@ -201,11 +228,36 @@ def render_inventory(inv: NodeInventory) -> str:
         for hca in unusable:
             why = list(hca.problems) or ["no usable uverbs device"]
             lines += _wrapped([f"{hca.name}: {p}" for p in why])
+    if inv.stalled:
+        lines += ["", f"Did not answer within the read deadline ({len(inv.stalled)})"]
+        lines += _wrapped(list(inv.stalled))
+        lines += _wrapped(["the HCAs these files belong to show their ports UNKNOWN; a read "
+                           "that hangs is usually a driver waiting on HCA firmware: check "
+                           "dmesg"], bullet="  ")
     repeated = {unusable_warning(h.name, p) for h in unusable for p in h.problems}
     warnings = [w for w in inv.warnings if w not in repeated]
     if warnings:
         lines += ["", f"Warnings ({len(warnings)})", *_wrapped(warnings)]
-    return "\n".join(lines) + "\n"
+    return printable_lines("\n".join(lines)) + "\n"
+
+
+def printable_lines(text: str) -> str:
+    """Text that encodes as UTF-8 whatever it was built from, line breaks kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def clean_json(value: object) -> object:
+    """A JSON-ready structure with every string valid UTF-8 and no NaN or Infinity
+    (``json.dumps`` would write those as bare words no JSON parser accepts)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {clean_json(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_json(v) for v in value]
+    return value
 
 
 def _char_json(dev: CharDevice | None) -> dict[str, object] | None:
@@ -250,6 +302,8 @@ def _hca_json(hca: Hca) -> dict[str, object]:
         "problems": list(hca.problems),
         "driver": hca.driver,
         "pci_address": hca.pci_address,
+        "pci_bus_id": hca.pci_bus_id,
+        "pcie_root": hca.pcie_root,
         "pci_vendor": hca.pci_vendor,
         "pci_device": hca.pci_device,
         "numa_node": hca.numa_node,
@@ -270,7 +324,7 @@ def inventory_to_json(inv: NodeInventory) -> dict[str, object]:
     Keys are fixed and always present (None when unknown) so scripts can rely on them;
     ``version`` says which shape this is.
     """
-    return {
+    doc = {
         "version": JSON_VERSION,
         "summary": {
             "hcas": len(inv.hcas),
@@ -279,5 +333,34 @@ def inventory_to_json(inv: NodeInventory) -> dict[str, object]:
         "netns_mode": inv.netns_mode,
         "rdma_cm": _char_json(inv.rdma_cm),
         "hcas": [_hca_json(h) for h in inv.hcas],
+        "stalled": list(inv.stalled),
         "warnings": list(inv.warnings),
     }
+    cleaned = clean_json(doc)
+    assert isinstance(cleaned, dict)
+    return cleaned
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    """``rdma-hca discover``: bounded discovery, then tables or JSON (exit codes above).
+
+    Reads ``args.sysfs_root``, ``args.dev_root``, ``args.json`` and, when the command
+    line has it, ``args.read_deadline`` (seconds; default 5).
+    """
+    stream = out if out is not None else sys.stdout
+    deadline = getattr(args, "read_deadline", None) or DEFAULT_DEADLINE
+    try:
+        inventory = discover_bounded(args.sysfs_root, args.dev_root, deadline=deadline)
+    except DiscoveryFailed as exc:
+        message = f"rdma-hca discover: {exc}; nothing was reported (raise the limit and retry)"
+        if args.json:
+            stream.write(json.dumps({"version": JSON_VERSION, "error": printable(message)})
+                         + "\n")
+        else:
+            print(printable(message), file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        stream.write(json.dumps(inventory_to_json(inventory), indent=2, allow_nan=False) + "\n")
+    else:
+        stream.write(render_inventory(inventory) + "\n")
+    return EXIT_STALLED if inventory.stalled else EXIT_OK

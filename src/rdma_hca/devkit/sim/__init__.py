@@ -5,6 +5,7 @@ trees shaped like a real node's ``/sys`` and ``/dev`` so the real code can read 
 """
 
 from rdma_hca.devkit.sim.nodes import (
+    GpuSpec,
     HcaSpec,
     PortSpec,
     SimNode,
@@ -12,12 +13,16 @@ from rdma_hca.devkit.sim.nodes import (
     build_node,
     erdma_node,
     gpu_node,
+    hostile_nodes,
     infiniband_node,
+    mlx4_infiniband_node,
+    mlx5_roce_bond_node,
     no_rdma_node,
     soft_roce_node,
 )
 
 __all__ = [
+    "GpuSpec",
     "HcaSpec",
     "PortSpec",
     "SimNode",
@@ -25,7 +30,10 @@ __all__ = [
     "build_node",
     "erdma_node",
     "gpu_node",
+    "hostile_nodes",
     "infiniband_node",
+    "mlx4_infiniband_node",
+    "mlx5_roce_bond_node",
     "no_rdma_node",
     "soft_roce_node",
 ]

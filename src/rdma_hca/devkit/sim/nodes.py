@@ -1,518 +1,47 @@
-"""Realistic simulated nodes: sysfs and /dev trees shaped like a real Linux RDMA host.
+"""The kinds of node the tests, the demo and the benchmarks run on.
 
-The trees follow the kernel's layout closely because discovery is only as good as the
-trees it is tested on: ``class/infiniband/<hca>`` entries are relative symlinks into
-``devices/...``, the PCI function directory carries ``vendor``/``device``/``numa_node``,
-a ``driver`` link and ``net/<netdev>``, the uverbs and MAD class directories hold an
-``abi_version`` file beside the device entries, and GID tables have all of their
-entries, zero ones included. Device nodes under the dev tree are empty regular files:
-discovery only checks that they exist.
-
-Writing uses bare ``os.open``/``os.write`` because benchmark nodes have hundreds of
-thousands of small files and ``open()`` costs twice as much per file.
+``tree`` holds the machinery (``SimNode``, the specs); this module holds the catalogue:
+a GPU server, InfiniBand, eRDMA, Soft RoCE, a node without RDMA. Broken and hostile trees
+are in ``hostile``, trees shaped like real machines in ``realworld``; their builders are
+re-exported here so one import reaches every kind.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import os
 import random
-import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-_ZERO_GID = b"0000:0000:0000:0000:0000:0000:0000:0000\n"
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-_ROCE_V1 = "IB/RoCE v1"
-_ROCE_V2 = "RoCE v2"
-_COUNTERS = (
-    "port_rcv_data",
-    "port_xmit_data",
-    "port_rcv_packets",
-    "port_xmit_packets",
-    "port_rcv_errors",
-    "port_xmit_discards",
-    "symbol_error",
-    "link_downed",
+from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
+from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node, mlx5_roce_bond_node
+from rdma_hca.devkit.sim.tree import (
+    GpuSpec,
+    HcaSpec,
+    PortSpec,
+    SimNode,
+    build_node,
+    guid_text,
 )
-UVERBS_ABI_VERSION = "6"
-MAD_ABI_VERSION = "5"
 
-
-@dataclass(frozen=True)
-class PortSpec:
-    """One port of a simulated HCA.
-
-    ``netdev`` is the netdev the RoCE GIDs belong to (for InfiniBand: the IPoIB netdev
-    listed under the PCI device). ``ipv4``/``ipv6`` add RoCE v1 and v2 GIDs for that
-    address; ``gid_table_size`` counts every entry, the zero ones too.
-    """
-
-    link_layer: str = "Ethernet"
-    up: bool = True
-    rate: str = "400 Gb/sec (4X NDR)"
-    netdev: str | None = None
-    ipv4: str | None = None
-    ipv6: str | None = None
-    gid_table_size: int = 256
-    counters: bool = True
-    lid: int = 0
-    sm_lid: int = 0
-
-
-@dataclass(frozen=True)
-class HcaSpec:
-    """One simulated HCA.
-
-    ``pci_address`` None makes a device without a PCI parent (Soft RoCE, siw). Then
-    ``soft_parent`` writes rxe's ``parent`` file and ``parent_device`` (a path under
-    ``devices/``) gives the HCA a ``device`` link that is not a PCI function.
-    ``bond_slaves`` are the enslaved netdevs of a bonded HCA (one per PCI function).
-    ``has_uverbs`` False leaves the HCA without an ``infiniband_verbs`` entry.
-    """
-
-    name: str
-    driver: str | None = "mlx5_core"
-    pci_address: str | None = None
-    vendor: str = "0x15b3"
-    device: str = "0x101d"
-    numa_node: int | None = None
-    board_id: str | None = "MT_0000000359"
-    hca_type: str | None = "MT4125"
-    fw_ver: str | None = "22.39.1002"
-    node_guid: str = "b859:9f03:00d4:3c22"
-    ports: tuple[PortSpec, ...] = (PortSpec(),)
-    uverbs_index: int = 0
-    node_type: str = "1: CA"
-    bond_slaves: tuple[str, ...] = ()
-    soft_parent: str | None = None
-    parent_device: str | None = None
-    has_uverbs: bool = True
-
-
-def _write(path: str, data: bytes) -> None:
-    fd = os.open(path, _WRITE_FLAGS, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def _write_line(path: str, text: str) -> None:
-    _write(path, (text + "\n").encode())
-
-
-def _symlink(target: str, link: str) -> None:
-    """Relative link, as sysfs has them, so a moved or copied tree stays valid."""
-    os.symlink(os.path.relpath(target, os.path.dirname(link)), link)
-
-
-def _guid_bytes(guid: str) -> bytes:
-    return bytes.fromhex(guid.replace(":", ""))
-
-
-def _guid_text(raw: bytes) -> str:
-    h = raw.hex()
-    return ":".join(h[i : i + 4] for i in range(0, 16, 4))
-
-
-def _gid_line(addr: ipaddress.IPv6Address) -> bytes:
-    return (addr.exploded + "\n").encode()
-
-
-def _link_local(guid: str, port: int) -> ipaddress.IPv6Address:
-    """The default RoCE GID: fe80:: plus the modified EUI-64 of the port's MAC.
-
-    mlx5 derives node GUID and MAC from the same base (GUID = MAC[0:3] 03:00 MAC[3:6]),
-    so the sim does the same to keep GUIDs and GIDs consistent.
-    """
-    g = bytearray(_guid_bytes(guid))
-    mac = bytearray(g[0:3] + g[5:8])
-    mac[5] = (mac[5] + port - 1) & 0xFF
-    eui = bytes([mac[0] ^ 0x02, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]])
-    return ipaddress.IPv6Address(b"\xfe\x80" + b"\x00" * 6 + eui)
-
-
-def _port_guid(guid: str, port: int) -> bytes:
-    value = int.from_bytes(_guid_bytes(guid), "big") + port - 1
-    return value.to_bytes(8, "big")
-
-
-def _pci_parts(address: str) -> tuple[str, int, str]:
-    domain, bus, devfn = address.split(":")
-    return domain, int(bus, 16), devfn
-
-
-class SimNode:
-    """A simulated node: its sysfs tree, its dev tree and the specs it was built from.
-
-    ``specs`` keeps removed HCAs too, so ``add_hca(node.specs[name])`` brings one back
-    as a driver reload would. ``damaged`` lists paths a broken-tree builder corrupted,
-    so tests can check that discovery names them.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.sysfs_root = root / "sys"
-        self.dev_root = root / "dev"
-        self.specs: dict[str, HcaSpec] = {}
-        self.damaged: list[Path] = []
-        self._present: set[str] = set()
-        self._mad: dict[tuple[str, int], int] = {}
-
-    # -- paths ---------------------------------------------------------------------------
-
-    @property
-    def hca_names(self) -> list[str]:
-        """Names of the HCAs currently in the tree, in build order."""
-        return [n for n in self.specs if n in self._present]
-
-    def hca_dir(self, name: str) -> Path:
-        """The class entry of an HCA (a symlink; writing through it reaches the real dir)."""
-        return self.sysfs_root / "class" / "infiniband" / name
-
-    def port_dir(self, name: str, port: int = 1) -> Path:
-        return self.hca_dir(name) / "ports" / str(port)
-
-    def pci_dir(self, name: str) -> Path | None:
-        """The real PCI function directory of an HCA, or None for a soft device."""
-        spec = self.specs[name]
-        if spec.pci_address is None:
-            return None
-        return Path(self._pci_dir(spec.pci_address))
-
-    def uverbs_name(self, name: str) -> str:
-        return f"uverbs{self.specs[name].uverbs_index}"
-
-    def umad_name(self, name: str, port: int = 1) -> str:
-        return f"umad{self._mad[(name, port)]}"
-
-    def issm_name(self, name: str, port: int = 1) -> str:
-        return f"issm{self._mad[(name, port)]}"
-
-    def write(self, relpath: str, data: str | bytes) -> Path:
-        """Write raw content to a file under sysfs_root (parents are created).
-
-        The file is replaced rather than rewritten so a test corrupting one entry cannot
-        affect another that happens to share storage.
-        """
-        path = self.sysfs_root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        raw = data.encode() if isinstance(data, str) else data
-        tmp = path.with_name(path.name + ".tmp-sim")
-        tmp.write_bytes(raw)
-        os.replace(tmp, path)
-        return path
-
-    def _s(self, *parts: str) -> str:
-        return os.path.join(str(self.sysfs_root), *parts)
-
-    def _pci_dir(self, address: str) -> str:
-        domain, bus, _ = _pci_parts(address)
-        # One root port per bus, as on servers where every NIC sits behind its own bridge.
-        bridge = f"{domain}:00:{bus % 0x1F + 1:02x}.0"
-        return self._s("devices", f"pci{domain}:00", bridge, address)
-
-    def _function_address(self, address: str, function: int) -> str:
-        return address.rsplit(".", 1)[0] + f".{function}"
-
-    def _hca_real_dir(self, spec: HcaSpec) -> str:
-        if spec.pci_address is not None:
-            return os.path.join(self._pci_dir(spec.pci_address), "infiniband", spec.name)
-        return self._s("devices", "virtual", "infiniband", spec.name)
-
-    def _class_parent(self, spec: HcaSpec, kind: str) -> str:
-        if spec.pci_address is not None:
-            return os.path.join(self._pci_dir(spec.pci_address), kind)
-        return self._s("devices", "virtual", kind)
-
-    def _mad_index(self, name: str, port: int) -> int:
-        key = (name, port)
-        if key not in self._mad:
-            self._mad[key] = max(self._mad.values(), default=-1) + 1
-        return self._mad[key]
-
-    # -- building ------------------------------------------------------------------------
-
-    def _make_base(self, *, rdma: bool, rdma_cm: bool, netns_mode: str | None) -> None:
-        for d in ("class/net", "class/misc", "devices/virtual/net", "bus/pci/drivers"):
-            os.makedirs(self._s(d), exist_ok=True)
-        os.makedirs(self.dev_root, exist_ok=True)
-        lo = self._s("devices", "virtual", "net", "lo")
-        os.makedirs(lo, exist_ok=True)
-        _symlink(lo, self._s("class", "net", "lo"))
-        if not rdma:
-            return
-        os.makedirs(self.dev_root / "infiniband", exist_ok=True)
-        os.makedirs(self._s("class", "infiniband"), exist_ok=True)
-        abis = (("infiniband_verbs", UVERBS_ABI_VERSION), ("infiniband_mad", MAD_ABI_VERSION))
-        for kind, abi in abis:
-            os.makedirs(self._s("class", kind), exist_ok=True)
-            _write_line(self._s("class", kind, "abi_version"), abi)
-        os.makedirs(self._s("module", "ib_core", "parameters"), exist_ok=True)
-        if netns_mode is not None:
-            self.set_netns_mode(netns_mode)
-        if rdma_cm:
-            cm = self._s("devices", "virtual", "misc", "rdma_cm")
-            os.makedirs(cm)
-            _write_line(os.path.join(cm, "dev"), "10:58")
-            _symlink(cm, self._s("class", "misc", "rdma_cm"))
-            (self.dev_root / "infiniband" / "rdma_cm").touch()
-
-    def _virtual_netdev(self, name: str) -> None:
-        path = self._s("devices", "virtual", "net", name)
-        if not os.path.isdir(path):
-            os.makedirs(path)
-            _write_line(os.path.join(path, "operstate"), "up")
-        link = self._s("class", "net", name)
-        if not os.path.lexists(link):
-            _symlink(path, link)
-
-    def _pci_netdev(self, pci_dir: str, name: str, dev_port: int, master: str | None) -> None:
-        path = os.path.join(pci_dir, "net", name)
-        os.makedirs(path)
-        _write_line(os.path.join(path, "dev_port"), str(dev_port))
-        _write_line(os.path.join(path, "operstate"), "up")
-        if master is not None:
-            self._virtual_netdev(master)
-            _symlink(self._s("devices", "virtual", "net", master), os.path.join(path, "master"))
-        link = self._s("class", "net", name)
-        if os.path.lexists(link):
-            os.unlink(link)
-        _symlink(path, link)
-
-    def _make_pci_function(self, spec: HcaSpec, address: str) -> str:
-        pci = self._pci_dir(address)
-        os.makedirs(pci, exist_ok=True)  # the HCA's own directory below it may exist already
-        _write_line(os.path.join(pci, "vendor"), spec.vendor)
-        _write_line(os.path.join(pci, "device"), spec.device)
-        _write_line(os.path.join(pci, "class"), "0x020000")
-        numa = -1 if spec.numa_node is None else spec.numa_node
-        _write_line(os.path.join(pci, "numa_node"), str(numa))
-        if spec.driver is not None:
-            drv = self._s("bus", "pci", "drivers", spec.driver)
-            os.makedirs(drv, exist_ok=True)
-            _symlink(drv, os.path.join(pci, "driver"))
-        return pci
-
-    def _make_parent(self, spec: HcaSpec, hca_dir: str) -> None:
-        if spec.pci_address is not None:
-            pci = self._make_pci_function(spec, spec.pci_address)
-            _symlink(pci, os.path.join(hca_dir, "device"))
-            if spec.bond_slaves:
-                bond = spec.ports[0].netdev or "bond0"
-                for fn, slave in enumerate(spec.bond_slaves):
-                    addr = self._function_address(spec.pci_address, fn)
-                    fdir = pci if fn == 0 else self._make_pci_function(spec, addr)
-                    self._pci_netdev(fdir, slave, 0, bond)
-            else:
-                for i, port in enumerate(spec.ports):
-                    if port.netdev is not None:
-                        self._pci_netdev(pci, port.netdev, i, None)
-            return
-        if spec.parent_device is not None:
-            parent = self._s("devices", *spec.parent_device.split("/"))
-            os.makedirs(parent, exist_ok=True)
-            _symlink(parent, os.path.join(hca_dir, "device"))
-        if spec.soft_parent is not None:
-            _write_line(os.path.join(hca_dir, "parent"), spec.soft_parent)
-        for port in spec.ports:
-            if port.netdev is not None:
-                self._virtual_netdev(port.netdev)
-
-    def _gid_entries(self, spec: HcaSpec, number: int, port: PortSpec) -> list[tuple[bytes, str]]:
-        if port.link_layer == "InfiniBand":
-            gid = b"\xfe\x80" + b"\x00" * 6 + _port_guid(spec.node_guid, number)
-            return [(_gid_line(ipaddress.IPv6Address(gid)), _ROCE_V1)]
-        if port.netdev is None:
-            return []
-        addrs = [_link_local(spec.node_guid, number)]
-        if port.ipv4 is not None:
-            v4 = ipaddress.IPv4Address(port.ipv4)
-            addrs.append(ipaddress.IPv6Address(b"\x00" * 10 + b"\xff\xff" + v4.packed))
-        if port.ipv6 is not None:
-            addrs.append(ipaddress.IPv6Address(port.ipv6))
-        # mlx5 fills the table v1, v2 per address, lowest free index first.
-        return [(_gid_line(a), t) for a in addrs for t in (_ROCE_V1, _ROCE_V2)]
-
-    def _make_port(self, spec: HcaSpec, number: int, port: PortSpec, hca_dir: str) -> None:
-        pd = os.path.join(hca_dir, "ports", str(number))
-        gids = os.path.join(pd, "gids")
-        types = os.path.join(pd, "gid_attrs", "types")
-        ndevs = os.path.join(pd, "gid_attrs", "ndevs")
-        for d in (gids, types, ndevs):
-            os.makedirs(d)
-        self._write_port_state(pd, port.up)
-        _write_line(os.path.join(pd, "link_layer"), port.link_layer)
-        _write_line(os.path.join(pd, "rate"), port.rate)
-        _write_line(os.path.join(pd, "lid"), f"0x{port.lid:x}")
-        _write_line(os.path.join(pd, "sm_lid"), f"0x{port.sm_lid:x}")
-        _write_line(os.path.join(pd, "cap_mask"), "0x00010000")
-        entries = self._gid_entries(spec, number, port)[: port.gid_table_size]
-        is_ib = port.link_layer == "InfiniBand"
-        for index, (line, gid_type) in enumerate(entries):
-            name = str(index)
-            _write(os.path.join(gids, name), line)
-            _write_line(os.path.join(types, name), gid_type)
-            if not is_ib and port.netdev is not None:
-                _write_line(os.path.join(ndevs, name), port.netdev)
-        # Unused entries: the gids file reads as zeros; types/ndevs fail on a real
-        # kernel (EINVAL), so they are left out here rather than written.
-        prefix = gids + os.sep
-        for index in range(len(entries), port.gid_table_size):
-            _write(prefix + str(index), _ZERO_GID)
-        if port.counters:
-            cdir = os.path.join(pd, "counters")
-            os.makedirs(cdir)
-            for counter in _COUNTERS:
-                _write_line(os.path.join(cdir, counter), "0")
-
-    @staticmethod
-    def _write_port_state(port_dir: str, up: bool) -> None:
-        _write_line(os.path.join(port_dir, "state"), "4: ACTIVE" if up else "1: DOWN")
-        _write_line(os.path.join(port_dir, "phys_state"), "5: LinkUp" if up else "3: Disabled")
-
-    def _make_char_device(self, spec: HcaSpec, kind: str, name: str, attrs: dict[str, str]) -> None:
-        real = os.path.join(self._class_parent(spec, kind), name)
-        os.makedirs(real)
-        for attr, value in attrs.items():
-            _write_line(os.path.join(real, attr), value)
-        if spec.pci_address is not None:
-            _symlink(self._pci_dir(spec.pci_address), os.path.join(real, "device"))
-        _symlink(real, self._s("class", kind, name))
-        (self.dev_root / "infiniband" / name).touch()
-
-    def add_hca(self, spec: HcaSpec) -> None:
-        """Make an HCA appear, as a driver load or hot plug would."""
-        if spec.name in self._present:
-            raise ValueError(f"HCA {spec.name} is already present in {self.sysfs_root}")
-        taken = {self.specs[n].uverbs_index for n in self._present}
-        if spec.has_uverbs and spec.uverbs_index in taken:
-            raise ValueError(f"uverbs{spec.uverbs_index} is already used on this node")
-        hca_dir = self._hca_real_dir(spec)
-        os.makedirs(hca_dir)
-        self._make_parent(spec, hca_dir)
-        _write_line(os.path.join(hca_dir, "node_guid"), spec.node_guid)
-        _write_line(os.path.join(hca_dir, "sys_image_guid"), spec.node_guid)
-        _write_line(os.path.join(hca_dir, "node_type"), spec.node_type)
-        _write_line(os.path.join(hca_dir, "node_desc"), f"sim-node {spec.name}")
-        for attr in ("fw_ver", "board_id", "hca_type"):
-            value = getattr(spec, attr)
-            if value is not None:
-                _write_line(os.path.join(hca_dir, attr), value)
-        for number, port in enumerate(spec.ports, start=1):
-            self._make_port(spec, number, port, hca_dir)
-        _symlink(hca_dir, str(self.hca_dir(spec.name)))
-        if spec.has_uverbs:
-            n = spec.uverbs_index
-            attrs = {"ibdev": spec.name, "abi_version": "1", "dev": f"231:{192 + n}"}
-            self._make_char_device(spec, "infiniband_verbs", f"uverbs{n}", attrs)
-        for number, port in enumerate(spec.ports, start=1):
-            m = self._mad_index(spec.name, number)
-            attrs = {"ibdev": spec.name, "port": str(number), "dev": f"231:{m}"}
-            self._make_char_device(spec, "infiniband_mad", f"umad{m}", attrs)
-            if port.link_layer == "InfiniBand":
-                attrs = {"ibdev": spec.name, "port": str(number), "dev": f"231:{64 + m}"}
-                self._make_char_device(spec, "infiniband_mad", f"issm{m}", attrs)
-        self.specs[spec.name] = spec
-        self._present.add(spec.name)
-
-    # -- changing a live node ------------------------------------------------------------
-
-    def _require(self, name: str) -> HcaSpec:
-        if name not in self._present:
-            raise KeyError(f"no HCA named {name!r} is present on this node")
-        return self.specs[name]
-
-    def remove_hca(self, name: str) -> None:
-        """Take an HCA away as a driver unload or hot unplug does: class entries,
-        device directories (and their netdevs), MAD/verbs entries and device nodes."""
-        spec = self._require(name)
-        self.hca_dir(name).unlink()
-        char_names = [f"uverbs{spec.uverbs_index}"] if spec.has_uverbs else []
-        for number, port in enumerate(spec.ports, start=1):
-            m = self._mad[(name, number)]
-            char_names.append(f"umad{m}")
-            if port.link_layer == "InfiniBand":
-                char_names.append(f"issm{m}")
-        for cname in char_names:
-            kind = "infiniband_verbs" if cname.startswith("uverbs") else "infiniband_mad"
-            Path(self._s("class", kind, cname)).unlink(missing_ok=True)
-            (self.dev_root / "infiniband" / cname).unlink(missing_ok=True)
-            shutil.rmtree(os.path.join(self._class_parent(spec, kind), cname), ignore_errors=True)
-        if spec.pci_address is None:
-            shutil.rmtree(self._hca_real_dir(spec), ignore_errors=True)
-        else:
-            functions = max(1, len(spec.bond_slaves))
-            for fn in range(functions):
-                addr = spec.pci_address if fn == 0 else self._function_address(spec.pci_address, fn)
-                pci = self._pci_dir(addr)
-                net = os.path.join(pci, "net")
-                if os.path.isdir(net):
-                    for netdev in os.listdir(net):
-                        Path(self._s("class", "net", netdev)).unlink(missing_ok=True)
-                shutil.rmtree(pci, ignore_errors=True)
-        self._present.discard(name)
-
-    def set_port(self, hca: str, port: int = 1, *, up: bool) -> None:
-        """Bring a port's link up or down (writes state and phys_state)."""
-        spec = self._require(hca)
-        if not 1 <= port <= len(spec.ports):
-            raise KeyError(f"{hca} has no port {port}")
-        self._write_port_state(str(self.port_dir(hca, port)), up)
-        ports = list(spec.ports)
-        ports[port - 1] = replace(ports[port - 1], up=up)
-        self.specs[hca] = replace(spec, ports=tuple(ports))
-
-    def set_counter(self, hca: str, port: int, counter: str, value: int) -> None:
-        self._require(hca)
-        cdir = self.port_dir(hca, port) / "counters"
-        cdir.mkdir(exist_ok=True)
-        _write_line(str(cdir / counter), str(value))
-
-    def remove_dev_node(self, name: str) -> None:
-        """Delete ``<dev_root>/infiniband/<name>`` (e.g. "uverbs3"), as a missing mknod would."""
-        (self.dev_root / "infiniband" / name).unlink()
-
-    def restore_dev_node(self, name: str) -> None:
-        (self.dev_root / "infiniband").mkdir(parents=True, exist_ok=True)
-        (self.dev_root / "infiniband" / name).touch()
-
-    def set_netns_mode(self, mode: str | None) -> None:
-        """Set ib_core's netns_mode ("shared" writes Y, "exclusive" writes N; None removes it)."""
-        path = self._s("module", "ib_core", "parameters", "netns_mode")
-        if mode is None:
-            Path(path).unlink(missing_ok=True)
-            return
-        values = {"shared": "Y", "exclusive": "N"}
-        if mode not in values:
-            raise ValueError(f"netns mode must be 'shared' or 'exclusive', not {mode!r}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_line(path, values[mode])
-
-
-def build_node(
-    root: Path,
-    specs: Sequence[HcaSpec],
-    *,
-    rdma_cm: bool = True,
-    netns_mode: str | None = "shared",
-) -> SimNode:
-    """Write a node with the given HCAs under ``root`` (``root/sys`` and ``root/dev``)."""
-    names = [s.name for s in specs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"HCA names must be unique, repeated: {', '.join(dupes)}")
-    node = SimNode(Path(root))
-    node._make_base(rdma=True, rdma_cm=rdma_cm, netns_mode=netns_mode)
-    for spec in specs:
-        node.add_hca(spec)
-    return node
+__all__ = [
+    "GpuSpec",
+    "HcaSpec",
+    "PortSpec",
+    "SimNode",
+    "broken_nodes",
+    "build_node",
+    "erdma_node",
+    "gpu_node",
+    "hostile_nodes",
+    "infiniband_node",
+    "mlx4_infiniband_node",
+    "mlx5_roce_bond_node",
+    "no_rdma_node",
+    "soft_roce_node",
+]
 
 
 def _guid(base: int) -> str:
-    return _guid_text(base.to_bytes(8, "big"))
+    return guid_text(base.to_bytes(8, "big"))
 
 
 def _shuffled(count: int) -> list[int]:
@@ -523,6 +52,27 @@ def _shuffled(count: int) -> list[int]:
     if count > 1 and order == sorted(order):
         order = order[1:] + order[:1]
     return order
+
+
+_SLOTS_PER_DOMAIN = 28  # pairs of HCAs per PCI domain: 8 buses each from 0x08 to 0xe7
+
+
+def _switch_slot(hca: int, kind: int) -> tuple[str, str, tuple[str, ...]]:
+    """(address, root complex, bridges) of HCA number ``hca`` (kind 0) or of the GPU
+    beside it (kind 1). Each pair of HCAs gets 8 buses from B: the root complex on B,
+    its root port B:01.0, a switch upstream port on B+1, downstream ports on B+2 and
+    one endpoint bus each below them: HCA, GPU, HCA, GPU on B+3 to B+6."""
+    pair, second = divmod(hca, 2)
+    domain, slot = divmod(pair, _SLOTS_PER_DOMAIN)
+    base = 0x08 * (slot + 1)
+    d = f"{domain:04x}"
+    lane = 2 * second + kind
+    bridges = (
+        f"{d}:{base:02x}:01.0",
+        f"{d}:{base + 1:02x}:00.0",
+        f"{d}:{base + 2:02x}:{lane:02x}.0",
+    )
+    return f"{d}:{base + 3 + lane:02x}:00.0", f"pci{d}:{base:02x}", bridges
 
 
 def gpu_node(
@@ -539,11 +89,21 @@ def gpu_node(
     over ``numa_nodes`` NUMA nodes (0 means the platform reports none), uverbs numbers
     shuffled; with ``bond`` also ``mlx5_bond_0``: two 200 Gb/s ports bonded as bond0.
     ``gid_table_size`` below the real 256 only makes builds cheaper for tests.
+
+    PCI: every two HCAs share a root complex with two GPUs, behind one PCIe switch, as
+    on HGX-class servers (GPU 2k and 2k+1 beside mlx5_2k and mlx5_2k+1); the bond sits
+    under a root complex of its own with no GPU. ``node.expected_pcie_root(name)`` and
+    ``node.gpus_by_root()`` give the answers.
     """
     total = hcas + (1 if bond else 0)
     order = _shuffled(total)
     specs: list[HcaSpec] = []
+    gpus: list[GpuSpec] = []
     for i in range(hcas):
+        address, pcie, bridges = _switch_slot(i, 0)
+        numa = (i * numa_nodes) // hcas if numa_nodes > 0 else None
+        gpu_address, _, gpu_bridges = _switch_slot(i, 1)
+        gpus.append(GpuSpec(gpu_address, pcie, gpu_bridges, numa_node=numa))
         port = PortSpec(
             netdev=f"eth{i}",
             ipv4=f"10.{i // 256}.{i % 256}.11",
@@ -553,9 +113,11 @@ def gpu_node(
         specs.append(
             HcaSpec(
                 name=f"mlx5_{i}",
-                pci_address=f"{i // 100:04x}:{0x0C + 2 * (i % 100):02x}:00.0",
+                pci_address=address,
+                pcie_root=pcie,
+                bridges=bridges,
                 device="0x1021",
-                numa_node=(i * numa_nodes) // hcas if numa_nodes > 0 else None,
+                numa_node=numa,
                 board_id="MT_0000000838",
                 hca_type="MT4129",
                 fw_ver="28.39.1002",
@@ -576,6 +138,8 @@ def gpu_node(
             HcaSpec(
                 name="mlx5_bond_0",
                 pci_address="0000:f1:00.0",
+                pcie_root="pci0000:f0",
+                bridges=("0000:f0:01.0",),
                 device="0x101d",
                 numa_node=numa_nodes - 1 if numa_nodes > 0 else None,
                 node_guid=_guid(0x0C42A10300B0C0D0),
@@ -584,7 +148,10 @@ def gpu_node(
                 bond_slaves=("ens241f0np0", "ens241f1np1"),
             )
         )
-    return build_node(root, specs)
+    node = build_node(root, specs)
+    for gpu in gpus:
+        node.add_gpu(gpu)
+    return node
 
 
 def infiniband_node(root: Path) -> SimNode:
@@ -686,99 +253,3 @@ def no_rdma_node(root: Path) -> SimNode:
     node._make_base(rdma=False, rdma_cm=False, netns_mode=None)
     node._virtual_netdev("eth0")
     return node
-
-
-def _two_hcas() -> list[HcaSpec]:
-    return [
-        HcaSpec(
-            name=f"mlx5_{i}",
-            pci_address=f"0000:{0x3B + i:02x}:00.0",
-            numa_node=0,
-            node_guid=_guid(0xB8599F0300D43C22 + 0x100 * i),
-            ports=(PortSpec(netdev=f"eth{i}", ipv4=f"10.0.{i}.1", gid_table_size=16),),
-            uverbs_index=1 - i,
-        )
-        for i in range(2)
-    ]
-
-
-def broken_nodes(root: Path) -> dict[str, SimNode]:
-    """Trees that are broken in one way each, every one built from two healthy HCAs
-    (mlx5_0, mlx5_1) and then damaged. ``node.damaged`` lists the broken paths.
-
-    - ``dangling_symlink``: class/infiniband/mlx5_9 points nowhere
-    - ``dangling_device``: mlx5_1's ``device`` link points nowhere
-    - ``garbage_state``: mlx5_0 port 1 state/phys_state and numa_node hold garbage
-    - ``missing_uverbs``: mlx5_1 has no infiniband_verbs entry
-    - ``missing_dev_node``: mlx5_1's uverbs device node is missing under dev_root
-    - ``empty_port``: mlx5_0 has a port directory 2 with no files in it
-    - ``bad_port_name``: mlx5_0 has a port directory named "abc"
-    - ``binary_junk``: binary junk in fw_ver, node_guid, rate, a GID and a GID type
-    - ``dangling_uverbs``: class/infiniband_verbs/uverbs9 points nowhere
-    - ``bad_netns``: ib_core's netns_mode holds "maybe"
-    """
-    root = Path(root)
-    nodes: dict[str, SimNode] = {}
-
-    def make(name: str) -> SimNode:
-        node = build_node(root / name, _two_hcas())
-        nodes[name] = node
-        return node
-
-    node = make("dangling_symlink")
-    link = node.hca_dir("mlx5_9")
-    os.symlink("../../devices/pci0000:00/0000:00:1f.0/0000:ff:00.0/infiniband/mlx5_9", link)
-    node.damaged.append(link)
-
-    node = make("dangling_device")
-    dev = node.hca_dir("mlx5_1") / "device"
-    dev.unlink()
-    os.symlink("../../../0000:ee:00.0", dev)
-    node.damaged.append(dev)
-
-    node = make("garbage_state")
-    node.damaged.append(node.write("class/infiniband/mlx5_0/ports/1/state", "banana\n"))
-    junk = b"5: \xffUp\x00\n"
-    node.damaged.append(node.write("class/infiniband/mlx5_0/ports/1/phys_state", junk))
-    pci = node.pci_dir("mlx5_0")
-    assert pci is not None
-    (pci / "numa_node").write_text("lots\n")
-    node.damaged.append(pci / "numa_node")
-
-    first, second = _two_hcas()
-    node = build_node(root / "missing_uverbs", [first, replace(second, has_uverbs=False)])
-    nodes["missing_uverbs"] = node
-    node.damaged.append(node.sysfs_root / "class" / "infiniband_verbs")
-
-    node = make("missing_dev_node")
-    node.remove_dev_node(node.uverbs_name("mlx5_1"))
-    node.damaged.append(node.dev_root / "infiniband" / node.uverbs_name("mlx5_1"))
-
-    node = make("empty_port")
-    empty = node.hca_dir("mlx5_0") / "ports" / "2"
-    empty.mkdir()
-    node.damaged.append(empty)
-
-    node = make("bad_port_name")
-    bad = node.hca_dir("mlx5_0") / "ports" / "abc"
-    bad.mkdir()
-    node.damaged.append(bad)
-
-    node = make("binary_junk")
-    for rel, junk in (
-        ("class/infiniband/mlx5_0/fw_ver", b"\xff\xfe\x00\x01junk"),
-        ("class/infiniband/mlx5_0/node_guid", b"\x89PNG\r\n\x1a\n"),
-        ("class/infiniband/mlx5_1/ports/1/rate", b"\x00\x00\x00\x00"),
-        ("class/infiniband/mlx5_1/ports/1/gids/3", b"\xde\xad\xbe\xef" * 10),
-        ("class/infiniband/mlx5_1/ports/1/gid_attrs/types/1", b"RoCE \xff\n"),
-    ):
-        node.damaged.append(node.write(rel, junk))
-
-    node = make("dangling_uverbs")
-    link = node.sysfs_root / "class" / "infiniband_verbs" / "uverbs9"
-    os.symlink("../../devices/virtual/infiniband_verbs/uverbs9", link)
-    node.damaged.append(link)
-
-    node = make("bad_netns")
-    node.damaged.append(node.write("module/ib_core/parameters/netns_mode", "maybe\n"))
-    return nodes

@@ -1,8 +1,13 @@
 """The node view of ``rdma-hca doctor --node``: what this machine offers and what blocks it.
 
 Run on a node or inside the plugin pod (which mounts the host's /sys, /dev and the kubelet's
-device-plugins directory). Discovery is the daemon's own (`node.sysfs.discover_node`),
-so the doctor sees exactly what the plugin sees.
+device-plugins directory). Discovery is the daemon's own, bounded by a read deadline
+(`node.reader.discover_bounded`), so the doctor sees exactly what the plugin sees and
+ends even when a sysfs file never answers: such files are named in a failed check.
+
+Exit status: 0 when every check passes, 1 when one fails (a file that did not answer is
+a failed check), 2 on a bad config or when discovery could not run (a resource ran out).
+Output is valid UTF-8 whatever bytes sysfs holds; JSON holds no NaN or Infinity.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from typing import Any, TextIO
 
 from rdma_hca.daemon.config import ConfigError, load_settings
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
+from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.node.sysfs import discover_node
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.report import clean_json, printable_lines
 
 SUBJECT = "node"
 READYZ_TIMEOUT = 3.0
@@ -41,6 +47,7 @@ class NodeOptions:
     readyz_url: str
     non_host_network: bool
     readyz_timeout: float = READYZ_TIMEOUT
+    read_deadline: float = DEFAULT_DEADLINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +73,18 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
         kubelet_dir=Path(args.kubelet_dir),
         readyz_url=args.readyz_url,
         non_host_network=non_host_network,
+        read_deadline=getattr(args, "read_deadline", None) or DEFAULT_DEADLINE,
     )
-    report = diagnose(options)
+    try:
+        report = diagnose(options)
+    except DiscoveryFailed as exc:
+        return _usage_error(out, args.json, f"{exc}; nothing was checked (raise the limit "
+                                            "and retry)")
     if args.json:
-        out.write(json.dumps(report_json(report), indent=2, ensure_ascii=False) + "\n")
+        doc = clean_json(report_json(report))
+        out.write(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     else:
-        out.write(report_text(report))
+        out.write(printable_lines(report_text(report)))
     return 0 if report.ok else 1
 
 
@@ -93,8 +106,11 @@ def _usage_error(out: TextIO, as_json: bool, message: str) -> int:
 
 def diagnose(options: NodeOptions) -> NodeReport:
     """Discover and judge; every check here reads only under the given roots and URL."""
-    inv = discover_node(options.sysfs_root, options.dev_root)
+    inv = discover_bounded(options.sysfs_root, options.dev_root,
+                           deadline=options.read_deadline)
     checks: list[Check] = [_hcas_found(inv, options)]
+    if inv.stalled:
+        checks.append(_stalled_check(inv, options.read_deadline))
     for hca in inv.hcas:
         checks.append(_ports_check(hca))
         checks.append(_device_nodes_check(hca, options.dev_root))
@@ -123,6 +139,15 @@ def _hcas_found(inv: NodeInventory, options: NodeOptions) -> Check:
                  f"none under {options.sysfs_root}/class/infiniband",
                  "load the RDMA driver (e.g. modprobe mlx5_ib) or, in a pod, mount the host's "
                  "/sys and pass --sysfs-root")
+
+
+def _stalled_check(inv: NodeInventory, deadline: float) -> Check:
+    return Check(SUBJECT, "sysfs reads", False,
+                 f"{len(inv.stalled)} file(s) did not answer within {deadline:g} s: "
+                 + ", ".join(inv.stalled),
+                 "a read that hangs is a driver waiting on its device (often HCA firmware): "
+                 "check dmesg for the driver's errors; the HCAs these files belong to count "
+                 "as down until the reads answer (reset the HCA or reboot the node)")
 
 
 def _port_text(hca: Hca) -> str:
@@ -275,13 +300,14 @@ def _hca_rows(inv: NodeInventory) -> list[list[str]]:
     for hca in inv.hcas:
         devs = ",".join(n.name + ("" if n.present else "(missing)") for n in hca.device_nodes())
         numa = "-" if hca.numa_node is None else str(hca.numa_node)
+        root = hca.pcie_root or "-"
         for p in hca.ports or ():
             rate = f"{p.rate_gbps:g}G" if p.rate_gbps is not None else "-"
             rows.append([hca.name, str(p.number), "up" if p.is_up else "down",
                          f"{p.state}/{p.phys_state}", str(p.link_layer), rate,
-                         ",".join(p.netdevs) or "-", devs or "-", numa])
+                         ",".join(p.netdevs) or "-", devs or "-", numa, root])
         if not hca.ports:
-            rows.append([hca.name, "-", "down", "-", "-", "-", "-", devs or "-", numa])
+            rows.append([hca.name, "-", "down", "-", "-", "-", "-", devs or "-", numa, root])
     return rows
 
 
@@ -290,7 +316,7 @@ def report_text(report: NodeReport) -> str:
     rows = _hca_rows(report.inventory)
     if rows:
         parts.append(table(["HCA", "PORT", "LINK", "STATE", "LAYER", "RATE", "NETDEV",
-                            "DEVICE NODES", "NUMA"], rows))
+                            "DEVICE NODES", "NUMA", "PCIE ROOT"], rows))
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
@@ -308,6 +334,8 @@ def report_json(report: NodeReport) -> dict[str, Any]:
                 "name": h.name,
                 "driver": h.driver,
                 "numaNode": h.numa_node,
+                "pciBusID": h.pci_bus_id,
+                "pcieRoot": h.pcie_root,
                 "usable": h.usable,
                 "problems": list(h.problems),
                 "deviceNodes": [asdict(n) for n in h.device_nodes()],
@@ -320,6 +348,7 @@ def report_json(report: NodeReport) -> dict[str, Any]:
             }
             for h in inv.hcas
         ],
+        "stalled": list(inv.stalled),
         "warnings": list(inv.warnings),
         "checks": checks_json(report.checks),
         "error": None,
