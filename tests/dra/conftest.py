@@ -12,6 +12,7 @@ from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
 
+
 @pytest.fixture
 def dra_node(tmp_path: Path) -> sim.SimNode:
     """mlx5_0..mlx5_3 on two NUMA nodes, plus the bonded mlx5_bond_0."""

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 
 import grpc
+from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon._proto.dra import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
-from dra_support import DRIVER, NODE
 
 
 async def test_get_info_names_the_dra_services_and_the_endpoint(stage: DraStage) -> None:

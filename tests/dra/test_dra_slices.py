@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,6 @@ def _generation(stage: DraStage) -> int:
     return int(only["spec"]["pool"]["generation"])
 
 
-def _pcie_root_from_tree(node: sim.SimNode, hca: str) -> str:
-    """The root complex an HCA's PCI function sits under, read off the simulated tree."""
-    pci = node.pci_dir(hca)
-    assert pci is not None
-    rel = Path(os.path.realpath(pci)).relative_to(os.path.realpath(node.sysfs_root / "devices"))
-    return rel.parts[0]
-
-
 async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
         stage: DraStage, dra_node: sim.SimNode) -> None:
     (only,) = stage.slices()
@@ -45,7 +36,7 @@ async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
     for name, hca in (("mlx5-0", "mlx5_0"), ("mlx5-3", "mlx5_3"), ("mlx5-bond-0", "mlx5_bond_0")):
         d = devices[name]
         spec_of = dra_node.specs[hca]
-        assert _attr(d, f"{STD}/pcieRoot") == _pcie_root_from_tree(dra_node, hca)
+        assert _attr(d, f"{STD}/pcieRoot") == dra_node.expected_pcie_root(hca)
         assert _attr(d, f"{STD}/pciBusID") == spec_of.pci_address
         assert _attr(d, f"{STD}/numaNode") == spec_of.numa_node
         assert _attr(d, f"{DRIVER}/hcaName") == hca
@@ -56,6 +47,11 @@ async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
         assert _attr(d, f"{DRIVER}/roceV2IPv6") is False  # IPv4 only on this node
         assert d["allowMultipleAllocations"] is True
         assert "taints" not in d
+    roots = {n: _attr(d, f"{STD}/pcieRoot") for n, d in devices.items()}
+    # Two HCAs per root complex, each beside two GPUs; the bond under a root of its own.
+    assert roots["mlx5-0"] == roots["mlx5-1"] != roots["mlx5-2"] == roots["mlx5-3"]
+    assert roots["mlx5-bond-0"] not in {roots["mlx5-0"], roots["mlx5-2"]}
+    assert len(dra_node.gpus_by_root()[str(roots["mlx5-2"])]) == 2
     assert _attr(devices["mlx5-0"], f"{DRIVER}/netdev") == "eth0"
     assert _attr(devices["mlx5-0"], f"{DRIVER}/rateGbps") == 400
     assert _attr(devices["mlx5-bond-0"], f"{DRIVER}/rateGbps") == 200
@@ -138,7 +134,8 @@ async def test_other_nodes_slices_are_untouched_and_stale_ones_of_this_node_remo
     other_driver = api.put("resourceslices", slice_of(NODE, "gpu.example.com", NODE, 1))
     api.put("resourceslices", slice_of(NODE, DRIVER, NODE, 4))
     api.put("resourceslices", slice_of(NODE, DRIVER, "leftover-pool", 2))
-    async with DraStage(dra_node, tmp_path / "s", api=api) as s:
+    # A driver restart, not a kubelet one: nobody wiped the node's slices.
+    async with DraStage(dra_node, tmp_path / "s", api=api, kubelet_wipes=False) as s:
         assert await s.until(lambda: len([x for x in s.slices()
                                           if x["spec"]["driver"] == DRIVER]) == 1
                              and "mlx5-0" in s.devices_of(DRIVER))

@@ -23,15 +23,6 @@ DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
 
 
-def pcie_root(hca: Hca) -> str | None:
-    return getattr(hca, "pcie_root", None)
-
-
-def pci_bus_id(hca: Hca) -> str | None:
-    bus_id: str | None = getattr(hca, "pci_bus_id", None)
-    return bus_id or hca.pci_address
-
-
 def device_names(names: Iterable[str]) -> dict[str, str]:
     """HCA name -> a device name that is a DNS label, unique among them.
 
@@ -83,8 +74,8 @@ def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
         if value is not None and value != "":
             attrs[key] = {kind: value}
 
-    put(f"{STANDARD}/pcieRoot", "string", pcie_root(hca))
-    put(f"{STANDARD}/pciBusID", "string", pci_bus_id(hca))
+    put(f"{STANDARD}/pcieRoot", "string", hca.pcie_root)
+    put(f"{STANDARD}/pciBusID", "string", hca.pci_bus_id)
     if hca.numa_node is not None and hca.numa_node >= 0:
         put(f"{STANDARD}/numaNode", "int", hca.numa_node)
     put(f"{driver}/hcaName", "string", hca.name)

@@ -30,6 +30,7 @@ class DraStage:
     def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  nccl_env: bool = False, health_retry: float = 0.2,
+                 kubelet_wipes: bool = True,
                  config: Callable[[DraConfig], DraConfig] | None = None) -> None:
         self.node = node
         self.workdir = workdir
@@ -43,6 +44,7 @@ class DraStage:
         self._nccl_env = nccl_env
         self._tune = config
         self._health_retry = health_retry
+        self._kubelet_wipes = kubelet_wipes
         self.kubelet: DraKubelet | None = None
         self.driver: DraDriver | None = None
         self.watcher: HealthWatcher | None = None
@@ -68,7 +70,8 @@ class DraStage:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._own_api:
             self.api.start()
-        self.kubelet = DraKubelet(self.root, self.node_name, api_url=self.api.url,
+        self.kubelet = DraKubelet(self.root, self.node_name,
+                                  api_url=self.api.url if self._kubelet_wipes else None,
                                   api_token=self.api.token, health_retry=self._health_retry)
         await self.kubelet.start()
         await self.start_driver()
