@@ -1,0 +1,257 @@
+"""The ``rdma-hca`` command: flags from the settings declaration, the same variables for
+every subcommand, and one line with exit 2 for every bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rdma_hca.daemon.config import SETTINGS, Settings
+from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.tools import cli
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+    # Read only by these tests: one tree for the module keeps them fast.
+    return sim.gpu_node(tmp_path_factory.mktemp("cli") / "node")
+
+
+def run(capsys: pytest.CaptureFixture[str], argv: list[str],
+        env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    code = cli.main(argv, env=env or {})
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _subparser(name: str) -> object:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices[name]  # type: ignore[index]
+
+
+def test_serve_has_a_flag_for_every_declared_setting() -> None:
+    serve = _subparser("serve")
+    options = {o for a in serve._actions for o in a.option_strings}  # type: ignore[attr-defined]
+    for s in SETTINGS:
+        if s.flag:
+            assert s.flag in options, s.flag
+    assert {"--dra", "--no-dra", "--kubelet-root", "--node-name", "--read-deadline-seconds",
+            "--http-max-connections", "--no-device-plugin", "--config"} <= options
+
+
+def test_serve_flags_reach_the_settings() -> None:
+    args = cli.build_parser().parse_args([
+        "serve", "--kubelet-root", "/k", "--node-name", "gpu-7", "--dra",
+        "--no-device-plugin", "--read-deadline-seconds", "1.5", "--cdi"])
+    s = cli.settings_from_args(args, env={})
+    assert (s.kubelet_root, s.plugins_registry_dir, s.node_name) == (
+        "/k", "/k/plugins_registry", "gpu-7")
+    assert (s.dra.enabled, s.pools, s.read_deadline_seconds, s.cdi.enabled) == (
+        True, (), 1.5, True)
+
+
+# --- the same variables for every subcommand ----------------------------------------------
+
+
+def test_discover_honours_the_root_variables(capsys: pytest.CaptureFixture[str],
+                                             gpu: sim.SimNode) -> None:
+    env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root)}
+    code, out, err = run(capsys, ["discover", "--json"], env)
+    assert code == 0, err
+    names = [h["name"] for h in json.loads(out)["hcas"]]
+    assert names == gpu.hca_names
+    # A flag still wins over the variable.
+    code, _, err = run(capsys, ["discover", "--sysfs-root", str(gpu.root / "nope")], env)
+    assert code == 2 and "--sysfs-root" in err
+
+
+def test_doctor_node_honours_the_root_variables(capsys: pytest.CaptureFixture[str],
+                                                gpu: sim.SimNode, tmp_path: Path) -> None:
+    env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root),
+           "RDMA_HCA_KUBELET_ROOT": str(tmp_path / "kubelet")}
+    code, out, _err = run(capsys, ["doctor", "--node", "--json",
+                                  "--readyz-url", "http://127.0.0.1:1/readyz"], env)
+    report = json.loads(out)
+    hcas = next(c for c in report["checks"] if c["name"] == "HCAs")
+    assert hcas["ok"] and hcas["detail"].startswith(f"{len(gpu.hca_names)} found")
+    kubelet = next(c for c in report["checks"] if c["name"] == "kubelet socket")
+    assert str(tmp_path / "kubelet" / "device-plugins") in kubelet["detail"]
+    assert code == 1  # no kubelet here: a check fails, the command ran
+
+
+@pytest.mark.parametrize("argv", [["discover"], ["doctor", "--node"], ["check"]])
+def test_every_tool_refuses_a_missing_root_from_the_variable(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]) -> None:
+    code, out, err = run(capsys, argv, {"RDMA_HCA_SYSFS_ROOT": str(tmp_path / "gone")})
+    assert code == 2
+    assert err.strip() == (f"rdma-hca {argv[0]}: RDMA_HCA_SYSFS_ROOT {tmp_path / 'gone'} does "
+                           "not exist: give the directory where sysfs is mounted")
+    assert out == ""
+
+
+def test_unknown_variables_are_warned_about(capsys: pytest.CaptureFixture[str],
+                                            gpu: sim.SimNode) -> None:
+    env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root),
+           "RDMA_HCA_DEV_ROTO": "/x"}
+    code, _, err = run(capsys, ["discover"], env)
+    assert code == 0
+    assert err.splitlines() == ["rdma-hca discover: warning: unknown environment variable "
+                                "RDMA_HCA_DEV_ROTO is ignored; did you mean RDMA_HCA_DEV_ROOT?"]
+
+
+def test_a_bad_shared_variable_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                gpu: sim.SimNode) -> None:
+    env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_READ_DEADLINE_SECONDS": "x"}
+    code, _, err = run(capsys, ["discover"], env)
+    assert code == 2
+    assert err.startswith("rdma-hca discover: readDeadlineSeconds: 'x' (from environment "
+                          "variable RDMA_HCA_READ_DEADLINE_SECONDS)")
+
+
+# --- roots ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--sysfs-root", "--dev-root"])
+def test_nonexistent_root(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                          flag: str) -> None:
+    code, out, err = run(capsys, ["discover", flag, str(tmp_path / "nope")])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"{flag} {tmp_path / 'nope'} does not exist" in err
+
+
+def test_root_that_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    code, _, err = run(capsys, ["discover", "--sysfs-root", str(tmp_path / "f")])
+    assert code == 2 and "is not a directory" in err
+
+
+def test_sysfs_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
+                                       gpu: sim.SimNode) -> None:
+    above = gpu.sysfs_root.parent
+    code, _, err = run(capsys, ["discover", "--sysfs-root", str(above),
+                                "--dev-root", str(gpu.dev_root)])
+    assert code == 2
+    assert err.strip().endswith(f"did you mean {gpu.sysfs_root}?")
+
+
+def test_dev_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
+                                     gpu: sim.SimNode) -> None:
+    code, _, err = run(capsys, ["discover", "--sysfs-root", str(gpu.sysfs_root),
+                                "--dev-root", str(gpu.dev_root.parent)])
+    assert code == 2
+    assert err.strip().endswith(f"did you mean {gpu.dev_root}?")
+
+
+def test_a_root_without_infiniband_is_a_node_without_rdma(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    empty = tmp_path / "sys"
+    empty.mkdir()
+    code, out, err = run(capsys, ["discover", "--sysfs-root", str(empty),
+                                  "--dev-root", str(tmp_path)])
+    assert code == 0, err
+    assert "0 found" in out
+
+
+def test_serve_refuses_a_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
+                                                 gpu: sim.SimNode) -> None:
+    code, _, err = run(capsys, ["serve", "--sysfs-root", str(gpu.sysfs_root.parent)])
+    assert code == 2
+    assert err.startswith("rdma-hca serve: config error: sysfsRoot:")
+    assert f"did you mean {gpu.sysfs_root}?" in err
+
+
+# --- serve's warnings go through the log format --------------------------------------------
+
+
+def test_serve_logs_warnings_before_serving(capsys: pytest.CaptureFixture[str],
+                                            gpu: sim.SimNode,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[Settings] = []
+
+    def fake_serve(settings: Settings) -> int:
+        served.append(settings)
+        return 0
+
+    monkeypatch.setattr(cli, "_command", lambda *_: fake_serve)
+    root = logging.getLogger()
+    # serve sets up logging on the root logger; give it back as it was after the test.
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root),
+            "--log-format", "json"]
+    code = cli.main(argv, env={"RDMA_HCA_MODEE": "exclusive"})
+    err = capsys.readouterr().err
+    assert code == 0 and len(served) == 1
+    line = json.loads(err.strip().splitlines()[-1])
+    assert line["level"] == "warning"
+    assert "RDMA_HCA_MODEE is ignored; did you mean RDMA_HCA_MODE?" in line["message"]
+
+
+# --- a closed pipe ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["discover"], ["discover", "--json"], ["doctor", "--node"]])
+def test_closed_stdout_exits_quietly(gpu: sim.SimNode, argv: list[str]) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written: `| head` at its end
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "rdma_hca.tools.cli", *argv, "--sysfs-root",
+             str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141
+
+
+# --- simulate -----------------------------------------------------------------------------------
+
+
+def test_simulate_into_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    code, _, err = run(capsys, ["simulate", str(tmp_path / "f")])
+    assert code == 2
+    assert err.strip() == f"rdma-hca simulate: {tmp_path / 'f'} is a file: give a new or " \
+                          "empty directory"
+
+
+def test_simulate_under_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    code, _, err = run(capsys, ["simulate", str(tmp_path / "f" / "a" / "b")])
+    assert code == 2
+    assert f"{tmp_path / 'f'} is a file, not a directory" in err
+
+
+def test_simulate_into_an_impossible_path(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, ["simulate", "/proc/rdma-hca-cannot-be-here"])
+    assert code == 2
+    assert err.count("\n") == 1 and "cannot be written" in err
+
+
+def test_simulate_into_a_new_directory(capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    code, out, err = run(capsys, ["simulate", "--kind", "no-rdma", str(tmp_path / "a" / "b")])
+    assert code == 0, err
+    assert out.startswith(f"--sysfs-root {tmp_path / 'a' / 'b'}")
+    assert not list((tmp_path / "a" / "b").glob(".rdma-hca-*"))
+
+
+def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[str],
+                                                  gpu: sim.SimNode,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[Settings] = []
+    monkeypatch.setattr(cli, "_command", lambda *_: lambda s: served.append(s) or 0)
+    monkeypatch.setenv("RDMA_HCA_MODE", "sideways")  # the process's own, not the one given
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    assert cli.main(argv, env={}) == 0
+    assert str(served[0].pools[0].mode) == "shared"
+    code, _, err = run(capsys, argv, {"RDMA_HCA_MODE": "sideways"})
+    assert code == 2 and "RDMA_HCA_MODE" in err
