@@ -1,18 +1,25 @@
-"""What the DRA driver needs to know, as one plain record the daemon's settings map onto."""
+"""What the DRA driver needs to know: one plain record the daemon's settings map onto.
+
+(``settings_model.DraConfig`` is the user-facing ``dra:`` block; this is the driver's own.)
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rdma_hca.daemon.config import Mode, Selectors
+
+if TYPE_CHECKING:
+    from rdma_hca.daemon.settings_model import Settings
 
 DEFAULT_DRIVER_NAME = "rdma-hca.io"
 DRA_SOCKET = "dra.sock"
 
 
 @dataclass(frozen=True, slots=True)
-class DraConfig:
+class DriverConfig:
     driver_name: str = DEFAULT_DRIVER_NAME
     """The DRA driver name: ResourceSlices, DeviceClass selectors and CDI kinds carry it."""
     node_name: str = ""
@@ -41,6 +48,22 @@ class DraConfig:
     """How often to check that our sockets still exist (a kubelet may wipe its directories)."""
     kubeconfig: str | None = None
     """A kubeconfig file; None: in-cluster credentials, else ``KUBECONFIG``."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: object) -> DriverConfig:
+        """The driver's part of the daemon's settings; ``overrides`` set any other field."""
+        fields: dict[str, object] = {
+            "driver_name": settings.dra.driver_name,
+            "node_name": settings.node_name,
+            "plugins_registry_dir": settings.plugins_registry_dir,
+            "plugins_dir": settings.plugins_dir,
+            "cdi_spec_dir": settings.cdi.spec_dir,
+            "nccl_env": settings.nccl_env,
+            "read_deadline": settings.read_deadline_seconds,
+            "selectors": settings.dra.selectors,
+        }
+        fields.update(overrides)
+        return cls(**fields)  # type: ignore[arg-type]
 
     @property
     def registration_socket(self) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import grpc
 
 from rdma_hca.daemon.dra import files
-from rdma_hca.daemon.dra.config import DraConfig
+from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.files import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
@@ -53,7 +53,7 @@ class ApiClient(SliceClient, Protocol):
     async def close(self) -> None: ...
 
 
-def check_config(config: DraConfig) -> None:
+def check_config(config: DriverConfig) -> None:
     if not config.node_name:
         raise DraConfigError("the DRA driver needs the node's name: set --node-name or NODE_NAME "
                              "(the chart sets it from spec.nodeName)")
@@ -76,7 +76,7 @@ def _socket_id(path: str) -> tuple[int, int] | None:
 class DraDriver:
     """Construct, ``await start(inventory)``, feed ``update(inventory)``, ``await stop()``."""
 
-    def __init__(self, config: DraConfig, *, api: ApiClient | None = None) -> None:
+    def __init__(self, config: DriverConfig, *, api: ApiClient | None = None) -> None:
         self.config = config
         self._api = api
         self._own_api = api is None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rdma_hca.daemon.config import Mode
-from rdma_hca.daemon.dra.config import DraConfig
+from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.health import HealthWatcher
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
@@ -31,7 +31,7 @@ class DraStage:
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  nccl_env: bool = False, health_retry: float = 0.2,
                  kubelet_wipes: bool = True,
-                 config: Callable[[DraConfig], DraConfig] | None = None) -> None:
+                 config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
         self.node = node
         self.workdir = workdir
         self.node_name = node_name
@@ -50,9 +50,9 @@ class DraStage:
         self.watcher: HealthWatcher | None = None
         self._watch_task: asyncio.Task[None] | None = None
 
-    def config(self) -> DraConfig:
+    def config(self) -> DriverConfig:
         kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
-        config = DraConfig(
+        config = DriverConfig(
             node_name=self.node_name,
             plugins_registry_dir=f"{self.root}/plugins_registry",
             plugins_dir=f"{self.root}/plugins",
@@ -132,6 +132,6 @@ class DraStage:
                                                   timeout)
 
 
-def with_changes(**changes: Any) -> Callable[[DraConfig], DraConfig]:
+def with_changes(**changes: Any) -> Callable[[DriverConfig], DriverConfig]:
     """A ``config`` hook for DraStage that changes some fields of the driver's config."""
     return lambda c: replace(c, **changes)
