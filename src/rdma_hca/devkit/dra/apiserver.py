@@ -353,6 +353,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as lightkube's HTTP client expects
+    # Headers and body go out in two writes; with Nagle on, the body waits for the
+    # client's delayed ACK (40 ms), which no real API server makes a client wait.
+    disable_nagle_algorithm = True
     server: ThreadingHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
