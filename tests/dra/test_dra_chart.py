@@ -7,6 +7,7 @@ from typing import Any
 import celpy
 import kubernetes_validate
 import pytest
+import yaml
 from celpy.adapter import json_to_cel
 from deploy_support import CHART, RenderFn, ensure_helm, run_helm
 
@@ -136,3 +137,64 @@ def test_a_token_without_a_node_is_refused(policy: dict[str, Any]) -> None:
 
 def test_other_users_are_not_looked_at(policy: dict[str, Any]) -> None:
     assert _admit(policy, "DELETE", "system:node:node-a", None, None, "node-b") is None
+
+
+# --- the examples speak of what the chart and the driver publish ------------------------
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((CHART.parents[2] / "examples" / name).read_text())
+            if d]
+
+
+def _cel_device(device: dict[str, Any], driver: str) -> Any:
+    """A published device as DRA CEL sees it: attributes grouped by domain."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in device["attributes"].items():
+        domain, _, name = key.rpartition("/")
+        grouped.setdefault(domain or driver, {})[name] = next(iter(value.values()))
+    return json_to_cel({"driver": driver, "attributes": grouped})
+
+
+def test_claim_template_selector_matches_only_devices_with_a_port_up(
+        dra_render: RenderFn) -> None:
+    from rdma_hca.daemon.config import Mode
+    from rdma_hca.daemon.dra.devices import device
+    from rdma_hca.node.model import Hca, LinkLayer, Port
+
+    (tmpl,) = _docs("dra-resourceclaimtemplate.yaml")
+    (request,) = tmpl["spec"]["spec"]["devices"]["requests"]
+    (cls,) = [o for o in dra_render(ON) if o["kind"] == "DeviceClass"
+              and o["metadata"]["name"] == request["exactly"]["deviceClassName"]]
+    env = celpy.Environment()
+
+    def selected(hca: Hca) -> bool:
+        dev = _cel_device(device(hca, "d", "rdma-hca.io", Mode.SHARED, True), "rdma-hca.io")
+        exprs = [s["cel"]["expression"] for s in cls["spec"]["selectors"]
+                 + request["exactly"]["selectors"]]
+        return all(bool(env.program(env.compile(e)).evaluate({"device": dev})) for e in exprs)
+
+    def hca(state: str) -> Hca:
+        port = Port(1, state, "LinkUp", LinkLayer.ETHERNET, "400 Gb/sec", 400.0, ("eth0",), ())
+        return Hca("mlx5_0", "mlx5_core", None, None, None, None, "0000:0c:00.0", "0x15b3",
+                   "0x1021", 0, (port,), None, pci_bus_id="0000:0c:00.0",
+                   pcie_root="pci0000:08")
+
+    assert selected(hca("ACTIVE")) is True
+    assert selected(hca("DOWN")) is False
+
+
+def test_gpu_and_hca_example_aligns_on_the_attribute_the_driver_publishes() -> None:
+    template, job = _docs("dra-gpu-and-hca-job.yaml")
+    devices = template["spec"]["spec"]["devices"]
+    classes = {r["name"]: r["exactly"]["deviceClassName"] for r in devices["requests"]}
+    assert classes == {"gpu": "gpu.nvidia.com", "hca": "rdma-hca.io"}
+    assert devices["constraints"] == [{"requests": ["gpu", "hca"],
+                                       "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == \
+        template["metadata"]["name"]
+    (seed_dra,) = [d for d in _docs("dra-hps-benchmark-job.yaml") if d["kind"] == "Job"]
+    (c,) = seed_dra["spec"]["template"]["spec"]["containers"]
+    assert c["resources"] == {"claims": [{"name": "devices"}]}
+    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
