@@ -14,6 +14,10 @@ from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
 
 
+def _lists(api: FakeApiServer) -> int:
+    return sum(1 for r in api.requests if r.method == "GET" and r.path.endswith("resourceslices"))
+
+
 async def test_get_info_names_the_dra_services_and_the_endpoint(stage: DraStage) -> None:
     assert stage.driver is not None
     reg = os.path.join(stage.root, "plugins_registry", f"{DRIVER}-reg.sock")
@@ -60,13 +64,14 @@ async def test_kubelet_restart_wipes_slices_and_the_driver_publishes_again(
 async def test_registration_with_unchanged_slice_writes_nothing(stage: DraStage) -> None:
     """A kubelet restart that did not wipe the slice (it is still there) costs one list."""
     assert stage.kubelet is not None and stage.driver is not None
+    driver = stage.driver
     stage.kubelet.api_url = None  # this kubelet deletes nothing at start
-    writes = len(stage.api.writes())
+    assert await stage.until(lambda: driver.idle)
+    writes, lists = len(stage.api.writes()), _lists(stage.api)
     await stage.kubelet.restart()
     assert await stage.registered(2)
-    assert await stage.until(lambda: stage.driver is not None and stage.driver.published.is_set())
-    stage.driver.published.clear()
-    assert await stage.until(lambda: stage.driver is not None and stage.driver.published.is_set())
+    assert await stage.until(lambda: _lists(stage.api) > lists)  # it looked at the server
+    assert await stage.until(lambda: driver.idle)
     assert len(stage.api.writes()) == writes
 
 

@@ -34,13 +34,13 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
-from rdma_hca.kit.aio import cancel_all
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 log = logging.getLogger("rdma_hca.dra")
 
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 10.0
+STOP_WAIT = 1.0
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -63,6 +63,20 @@ def check_config(config: DriverConfig) -> None:
     if len(config.endpoint) > 107 or len(os.path.abspath(config.registration_socket)) > 107:
         raise DraConfigError(f"socket path {config.endpoint} is too long for a unix socket "
                              "(107 bytes at most): use a shorter kubelet root directory")
+
+
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """``event.wait()`` with a timeout that never swallows a cancellation.
+
+    ``asyncio.wait_for`` in Python 3.11 can drop a cancel that arrives as the event is
+    set; a loop waiting that way would then outlive ``stop()``.
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return bool(done)
 
 
 def _socket_id(path: str) -> tuple[int, int] | None:
@@ -90,11 +104,14 @@ class DraDriver:
         self.registered = False
         self.publish_error: str | None = None
         self.published = asyncio.Event()  # set after every successful publish pass
+        self.publish_passes = 0  # successful publish passes, written or not
+        self._publishing = False
         self._hcas: tuple[Hca, ...] = ()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._check = True
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._servers: list[grpc.aio.Server] = []
         self._socket_ids: dict[str, tuple[int, int] | None] = {}
 
@@ -102,6 +119,7 @@ class DraDriver:
 
     async def start(self, inventory: NodeInventory | None = None) -> None:
         check_config(self.config)
+        self._stopping = False
         await self._load_checkpoint()
         if self._api is None:
             self._api = await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline)
@@ -117,9 +135,20 @@ class DraDriver:
         self._wake.set()
 
     async def stop(self) -> None:
-        """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later)."""
-        await cancel_all(self._tasks)
-        self._tasks = []
+        """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
+
+        Bounded: a task that does not end within STOP_WAIT is left behind (and named),
+        so SIGTERM always ends with the sockets removed.
+        """
+        self._stopping = True
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
+            if pending:
+                log.error("DRA driver tasks still running after %g s: %s", STOP_WAIT,
+                          ", ".join(t.get_name() for t in pending))
         await self._stop_servers()
         if self._api is not None and self._own_api:
             with contextlib.suppress(Exception):
@@ -133,6 +162,11 @@ class DraDriver:
         self.rdma_cm = inventory.rdma_cm
         self._rebuild()
         await self.board.set(self.offer.health())
+
+    @property
+    def idle(self) -> bool:
+        """No publish pass running or due (tests and benchmarks wait for this)."""
+        return not self._publishing and not self._wake.is_set()
 
     def _rebuild(self) -> None:
         offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints)
@@ -171,7 +205,7 @@ class DraDriver:
         # service goes away.
         for server in reversed(self._servers):
             with contextlib.suppress(Exception):
-                await server.stop(0.2)
+                await asyncio.wait_for(server.stop(0.2), STOP_WAIT)
         self._servers = []
         for path in self._socket_ids:
             with contextlib.suppress(OSError):
@@ -181,7 +215,7 @@ class DraDriver:
         self.registered = False
 
     async def _watch_sockets(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.config.socket_check_seconds)
             gone = [p for p, ident in self._socket_ids.items() if _socket_id(p) != ident]
             if not gone:
@@ -215,13 +249,12 @@ class DraDriver:
         assert self.publisher is not None
         backoff = BACKOFF_FIRST
         resync = self.config.resync_seconds or None
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), resync)
-            except TimeoutError:
+        while not self._stopping:
+            if not await _wait_event(self._wake, resync):
                 self._check = True
             self._wake.clear()
             check, self._check = self._check, False
+            self._publishing = True
             try:
                 await self.publisher.publish(self.offer, check=check)
             except KubeApiError as exc:
@@ -249,10 +282,13 @@ class DraDriver:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 self._wake.set()
                 continue
+            finally:
+                self._publishing = False
             if self.publish_error is not None:
                 log.info("ResourceSlice published again")
             self.publish_error = None
             backoff = BACKOFF_FIRST
+            self.publish_passes += 1
             self.published.set()
 
     # --- prepare / unprepare ---------------------------------------------------------------

@@ -350,6 +350,13 @@ class _Server(ThreadingHTTPServer):
     # Clients keep connections alive; closing must not wait for them to hang up.
     block_on_close = False
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-request (a driver stopping) is not an error here.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as lightkube's HTTP client expects

@@ -39,7 +39,6 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from rdma_hca.kit.aio import cancel_all
 
 log = logging.getLogger("rdma_hca.devkit.dra.kubelet")
 
@@ -124,7 +123,10 @@ class DraKubelet:
             await self._drop(p)
         self.plugins = {}
         self._seen = {}
-        await cancel_all(tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
 
     async def restart(self) -> None:
         """A kubelet restart: forget every plugin, remove their sockets, wipe the slices."""
@@ -142,8 +144,11 @@ class DraKubelet:
             if left <= 0:
                 return False
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            waiter = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=left)
+            finally:
+                waiter.cancel()
         return True
 
     # --- plugin watcher --------------------------------------------------------------------
@@ -229,7 +234,8 @@ class DraKubelet:
 
     async def _drop(self, p: Plugin) -> None:
         if p.health_task is not None:
-            await cancel_all([p.health_task])
+            p.health_task.cancel()
+            await asyncio.wait({p.health_task}, timeout=1.0)
         await p.channel.close(None)
 
     async def _wipe_later(self, driver: str) -> None:

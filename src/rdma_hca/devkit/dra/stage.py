@@ -97,8 +97,9 @@ class DraStage:
 
     async def stop_driver(self) -> None:
         if self._watch_task is not None:
+            # Bounded: a cancel the watcher's wait_for swallows must not hang the stage.
             self._watch_task.cancel()
-            await asyncio.gather(self._watch_task, return_exceptions=True)
+            await asyncio.wait({self._watch_task}, timeout=1.0)
             self._watch_task = None
         if self.driver is not None:
             await self.driver.stop()
