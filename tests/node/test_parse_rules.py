@@ -189,3 +189,10 @@ def test_printable_escapes_what_is_not_utf8_text() -> None:
     assert printable("mlx5_0") == "mlx5_0"
     assert printable(os.fsdecode(b"a\xffb")) == "a\\xffb"
     assert printable("tab\there") == "tab\\there"
+
+
+def test_port_states_skip_a_port_directory_without_files(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=1, bond=False, gid_table_size=4)
+    (node.hca_dir("mlx5_0") / "ports" / "2").mkdir()
+    assert [p.number for p in _by_name(_inventory(node))["mlx5_0"].ports] == [1]
+    assert read_port_states(node.sysfs_root, ["mlx5_0"]) == {("mlx5_0", 1): ("ACTIVE", "LinkUp")}

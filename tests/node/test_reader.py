@@ -25,7 +25,7 @@ from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.parse import UNKNOWN
 from rdma_hca.node.reader import DiscoveryFailed, NodeReader, discover_bounded
 
-DEADLINE = 0.3
+DEADLINE = 1.0
 
 
 @pytest.fixture
@@ -57,10 +57,14 @@ def _hung(prefix: str) -> int:
     return sum(1 for t in threading.enumerate() if t.name == prefix and t.is_alive())
 
 
-def test_stuck_state_file_keeps_the_hca_with_unknown_ports(node: sim.SimNode) -> None:
+def test_stuck_state_file_keeps_the_hca_with_unknown_ports(
+    node: sim.SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
     rel = "class/infiniband/mlx5_1/ports/1/state"
     node.replace_with_fifo(rel)
     inv = discover_bounded(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    # The tools name such files in their own output; no log line repeats it.
+    assert [r for r in caplog.records if r.name == "rdma_hca.node.reader"] == []
     hcas = {h.name: h for h in inv.hcas}
     assert list(hcas) == ["mlx5_0", "mlx5_1"]
     stuck = hcas["mlx5_1"]
@@ -112,7 +116,7 @@ async def test_reader_remembers_a_stuck_file_and_reads_it_again_once_it_returns(
     assert reader.stalls_total == 1
     assert _hung("rdma-hca-discover") == 1
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(said) == 1 and path in said[0]
+    assert len(said) == 1 and path in said[0] and f"deadline {DEADLINE:g} s" in said[0]
     states = await reader.port_states()
     assert states[("mlx5_1", 1)] == (UNKNOWN, UNKNOWN)
     assert states[("mlx5_0", 1)] == ("ACTIVE", "LinkUp")
@@ -184,7 +188,7 @@ def test_hung_reads_do_not_hold_up_interpreter_exit(node: sim.SimNode) -> None:
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from rdma_hca.node.reader import NodeReader\n"
-        "r = NodeReader(Path(sys.argv[1]), Path(sys.argv[2]), deadline=0.2)\n"
+        "r = NodeReader(Path(sys.argv[1]), Path(sys.argv[2]), deadline=1.0)\n"
         "inv = asyncio.run(r.discover())\n"
         "print(len(inv.stalled), len(r.stuck))\n"
     )
@@ -224,3 +228,20 @@ def test_plain_discovery_matches_the_bounded_one(node: sim.SimNode) -> None:
 
 def test_discovery_failed_is_exported() -> None:
     assert issubclass(DiscoveryFailed, Exception)
+
+
+async def test_a_thread_given_up_on_stops_instead_of_hanging_on_the_next_file(
+    node: sim.SimNode,
+) -> None:
+    first, second = (f"class/infiniband/mlx5_0/ports/1/gids/{i}" for i in (5, 6))
+    node.replace_with_fifo(first)
+    node.replace_with_fifo(second)
+    reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    inv = await reader.discover()
+    assert inv.stalled == (_abs(node, first), _abs(node, second))
+    assert _hung("rdma-hca-discover") == 2
+    node.release_fifo(first)
+    # The thread that hung on gids/5 returns and stops; it does not go on to gids/6,
+    # where a thread already hangs.
+    _wait_until(lambda: _hung("rdma-hca-discover") == 1, "the released thread to stop")
+    assert reader.stuck == frozenset({_abs(node, second)})

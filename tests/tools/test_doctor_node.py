@@ -289,11 +289,11 @@ def test_a_file_that_never_answers_is_named_and_the_doctor_ends(host: Host) -> N
     host.node.replace_with_fifo(rel)
     path = os.path.abspath(host.node.sysfs_root / rel)
     try:
-        status, out = host.doctor_with_deadline(0.3)
+        status, out = host.doctor_with_deadline(1.0)
         assert status == 1
-        assert f"✗ sysfs reads: 1 file(s) did not answer within 0.3 s: {path}" in out
+        assert f"✗ sysfs reads: 1 file(s) did not answer within 1 s: {path}" in out
         assert "✗ HCA mlx5_1: no port up (port 1 UNKNOWN/UNKNOWN eth1)" in out
-        status, raw = host.doctor_with_deadline(0.3, "--json")
+        status, raw = host.doctor_with_deadline(1.0, "--json")
         doc = json.loads(raw)
         assert doc["stalled"] == [path]
         assert [c["name"] for c in doc["checks"] if not c["ok"]][:2] == [

@@ -51,6 +51,8 @@ def nonzero_entries(
     fd = -1
     try:
         for entry in entries:
+            if watch.abandoned:
+                return None  # given up on while a read hung: stop before the next one
             watch.entry = entry
             fd = opener(entry, flags, dir_fd=dir_fd)
             raw = reader(fd, 128)

@@ -91,11 +91,12 @@ class _Attempt:
 
 
 def _supervise(
-    job: Callable[[GuardedReads], T], stuck: StuckFiles, deadline: float, name: str
+    job: Callable[[GuardedReads], T], stuck: StuckFiles, deadline: float, name: str,
+    *, log_stalls: bool = True,
 ) -> tuple[T, list[str]]:
     """Run ``job`` until an attempt finishes; returns its result and the paths it was
     refused because they were stuck (its ``reads.stalled``)."""
-    grace = max(0.02, min(deadline, 0.5, deadline / 10))
+    grace = min(deadline, max(0.25, deadline / 10))
     poll = max(0.005, min(deadline / 8, 0.1))
     started = time.monotonic()
     while True:
@@ -112,14 +113,16 @@ def _supervise(
                 seen, since = current, now
                 continue
             waited = now - since
-            past_call_deadline = now - started >= deadline
-            if waited >= deadline or (past_call_deadline and waited >= grace):
+            limit = grace if now - started >= deadline else deadline
+            if waited >= limit:
                 path = stuck.give_up(watch, seen)
                 if path is not None:
                     # Once per stall: no second read of the path starts while this hangs.
-                    log.warning("sysfs: %s did not answer within %.3g s; its HCA's state is "
-                                "unknown until it does (reads of it answer 'unknown' at once "
-                                "meanwhile)", printable(path), waited)
+                    if log_stalls:
+                        log.warning("sysfs: %s did not answer in %.1f s (read deadline %g s); "
+                                    "its HCA's state is unknown until it does (reads of it "
+                                    "answer 'unknown' at once meanwhile)",
+                                    printable(path), waited, deadline)
                     gave_up = True
                     break
                 seen, since = (watch.seq, watch.base, watch.entry), now
@@ -171,6 +174,8 @@ class NodeReader:
         self.deadline = deadline
         self.inventory: NodeInventory | None = None
         self._stuck = StuckFiles()
+        # The tools name stalled files in their own output; the daemon logs them.
+        self._log_stalls = True
 
     @property
     def stalls_total(self) -> int:
@@ -189,7 +194,8 @@ class NodeReader:
         def job(reads: GuardedReads) -> NodeInventory:
             return Discovery(self.sysfs_root, self.dev_root, reads).run()
 
-        inventory, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-discover")
+        inventory, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-discover",
+                                  log_stalls=self._log_stalls)
         self.inventory = inventory
         return inventory
 
@@ -259,4 +265,5 @@ def discover_bounded(
     resource ran out."""
     reader = NodeReader(Path(os.fspath(sysfs_root)), Path(os.fspath(dev_root)),
                         deadline=deadline)
+    reader._log_stalls = False
     return reader.discover_sync()

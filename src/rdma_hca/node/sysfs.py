@@ -49,9 +49,13 @@ def _listdir(path: str) -> list[str] | None:
         return None
 
 
-def _read_state(io: Reads, path: str, phys: bool) -> str:
+def _read_state(io: Reads, path: str, phys: bool) -> str | None:
+    """The state a file gives; UNKNOWN when it cannot be read or understood, None when
+    there is no such file (a port directory without a state file is not a port)."""
     try:
         raw = io.read(path)
+    except FileNotFoundError:
+        return None
     except ReadStalled:
         return UNKNOWN
     except OSError as err:
@@ -90,8 +94,10 @@ def port_states_of(
                 states[(name, int(entry))] = (UNKNOWN, UNKNOWN)
                 continue
             state = _read_state(io, os.path.join(port_dir, "state"), phys=False)
+            if state is None:
+                continue
             phys = _read_state(io, os.path.join(port_dir, "phys_state"), phys=True)
-            states[(name, int(entry))] = (state, phys)
+            states[(name, int(entry))] = (state, phys or UNKNOWN)
     io.working_on(None)
     return states
 
