@@ -167,3 +167,20 @@ async def test_selectors_limit_the_offered_hcas(
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert await s.until(lambda: bool(s.devices()))
         assert sorted(s.devices()) == ["mlx5-1", "mlx5-bond-0"]
+
+
+async def test_api_server_errors_are_retried_never_fatal(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    assert stage.driver is not None and stage.kubelet is not None
+    driver = stage.driver
+    token = stage.api.token
+    stage.api.token = "rotated"  # every request of the driver is now refused (401)
+    dra_node.set_port("mlx5_0", up=False)
+    assert await stage.until(lambda: driver.publish_error is not None)
+    assert "HTTP 401" in (driver.publish_error or "")
+    uid = "u-1"
+    resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])
+    assert "HTTP 401" in resp.claims[uid].error  # a per-claim error, the call succeeds
+    stage.api.token = token
+    assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-0", {}))
+    assert driver.publish_error is None
