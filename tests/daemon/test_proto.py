@@ -19,6 +19,10 @@ from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "src" / "rdma_hca" / "daemon" / "_proto"
 GENERATED = ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi"]
+DRA_PROTOS = ["pluginregistration_v1", "dra_v1", "dra_v1beta1", "health_v1alpha1",
+              "health_v1beta1", "health_v1"]
+GENERATED += [f"dra/{p}{suffix}" for p in DRA_PROTOS
+              for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")]
 
 
 def test_generated_code_is_not_stale(tmp_path: Path) -> None:

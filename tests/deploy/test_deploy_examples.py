@@ -14,6 +14,8 @@ from rdma_hca.tools.check import MIN_SHM_BYTES
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+# resource.k8s.io/v1 (DRA) exists from Kubernetes 1.34 on.
+DRA_VERSIONS = ("1.34.0", kubernetes_validate.latest_version())
 
 
 def load(name: str) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def test_the_three_examples_exist() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_is_valid_kubernetes(path: Any) -> None:
     for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
-        for version in VERSIONS:
+        for version in DRA_VERSIONS if path.name.startswith("dra-") else VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
 
 

@@ -1,0 +1,225 @@
+"""The gRPC services the kubelet calls: registration, DRAPlugin (v1, v1beta1), health.
+
+Servicers only translate between protobuf and the driver's plain records; the work is
+the driver's (``Preparer``), so both DRA versions share one implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+
+from rdma_hca.daemon._proto.dra import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    health_v1beta1_pb2,
+    health_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from rdma_hca.daemon.dra.files import PreparedDevice
+
+log = logging.getLogger("rdma_hca.dra.service")
+
+PLUGIN_TYPE = "DRAPlugin"
+# Most recent first: the kubelet takes the first entry it knows.
+SUPPORTED_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1beta1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class Preparer(Protocol):
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]: ...
+
+
+# --- registration ------------------------------------------------------------------------
+
+
+class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: str,
+                 on_status: Callable[[bool, str], Awaitable[None]]) -> None:
+        self.info = pluginregistration_v1_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=driver, endpoint=endpoint,
+            supported_versions=list(SUPPORTED_SERVICES))
+        self.on_status = on_status
+
+    async def GetInfo(self, request: pluginregistration_v1_pb2.InfoRequest,
+                      context: Any) -> pluginregistration_v1_pb2.PluginInfo:
+        # The kubelet's connection monitor calls this every 10 s too: it is not a
+        # registration, only NotifyRegistrationStatus is.
+        return self.info
+
+    async def NotifyRegistrationStatus(
+        self, request: pluginregistration_v1_pb2.RegistrationStatus, context: Any,
+    ) -> pluginregistration_v1_pb2.RegistrationStatusResponse:
+        await self.on_status(request.plugin_registered, request.error)
+        return pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+# --- DRAPlugin ---------------------------------------------------------------------------
+
+
+def _claims(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+
+
+class _DraServiceBase:
+    pb2: ModuleType
+
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        results = await self.preparer.prepare(_claims(request))
+        resp = self.pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = resp.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for d in result.devices:
+                entry.devices.add(request_names=list(d.request_names), pool_name=d.pool,
+                                  device_name=d.device, cdi_device_ids=list(d.cdi_ids))
+        return resp
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        errors = await self.preparer.unprepare(_claims(request))
+        resp = self.pb2.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            resp.claims[uid].error = error
+        return resp
+
+
+class DraServiceV1(_DraServiceBase, dra_v1_pb2_grpc.DRAPluginServicer):
+    pb2 = dra_v1_pb2
+
+
+class DraServiceV1beta1(_DraServiceBase, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    pb2 = dra_v1beta1_pb2
+
+
+# --- health ------------------------------------------------------------------------------
+
+
+class HealthBoard:
+    """The devices' health as the streams send it; every change wakes every stream."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.health: dict[str, bool] = {}
+        self.updated: dict[str, int] = {}
+        self.version = 0
+        self._changed = asyncio.Condition()
+        self.streams = 0
+
+    async def set(self, health: Mapping[str, bool]) -> bool:
+        if dict(health) == self.health:
+            return False
+        now = int(time.time())
+        for name, ok in health.items():
+            if self.health.get(name) != ok:
+                self.updated[name] = now
+        self.health = dict(health)
+        self.updated = {n: t for n, t in self.updated.items() if n in self.health}
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+        return True
+
+    async def follow(self) -> AsyncIterator[dict[str, bool]]:
+        """The current health at once, then after every change, until cancelled."""
+        seen = -1
+        self.streams += 1
+        try:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(lambda s=seen: self.version != s)  # type: ignore[misc]
+                    seen = self.version
+                    snapshot = dict(self.health)
+                yield snapshot
+        finally:
+            self.streams -= 1
+
+
+class _HealthServiceBase:
+    pb2: ModuleType
+    details = True  # v1alpha1 has no message field
+
+    def __init__(self, board: HealthBoard) -> None:
+        self.board = board
+
+    def _response(self, health: Mapping[str, bool]) -> Any:
+        pb2 = self.pb2
+        resp = pb2.NodeWatchResourcesResponse()
+        for name, ok in sorted(health.items()):
+            d = resp.devices.add(
+                device=pb2.DeviceIdentifier(pool_name=self.board.pool, device_name=name),
+                health=pb2.HEALTHY if ok else pb2.UNHEALTHY,
+                last_updated_time=self.board.updated.get(name, int(time.time())))
+            if self.details and not ok:
+                d.message = "no port of this HCA is up, or its device node is missing"
+        return resp
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async for health in self.board.follow():
+            yield self._response(health)
+
+
+class HealthServiceV1(_HealthServiceBase, health_v1_pb2_grpc.DRAResourceHealthServicer):
+    pb2 = health_v1_pb2
+
+
+class HealthServiceV1beta1(_HealthServiceBase,
+                           health_v1beta1_pb2_grpc.DRAResourceHealthServicer):
+    pb2 = health_v1beta1_pb2
+
+
+class HealthServiceV1alpha1(_HealthServiceBase,
+                            health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    pb2 = health_v1alpha1_pb2
+    details = False
+
+
+def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
+    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthServiceV1(board), server)
+    health_v1beta1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthServiceV1beta1(board), server)
+    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthServiceV1alpha1(board), server)
+
+
+def add_registration_service(server: grpc.aio.Server, service: RegistrationService) -> None:
+    pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)

@@ -1,0 +1,129 @@
+"""The DRA part of ``make demo``: the real driver on a simulated GPU node.
+
+A kubelet emulator registers the driver through its plugin watcher, a fake API server
+over HTTP stores the ResourceSlices and ResourceClaims. The walkthrough shows the slice
+appearing with each HCA's PCIe root, a claim being prepared into a CDI device, a port
+going down and the slice changing, and the kubelet restarting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TextIO
+
+from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.sim.nodes import gpu_node
+
+DRIVER = "rdma-hca.io"
+NODE = "gpu-node-1"
+STD = "resource.kubernetes.io"
+
+
+def _value(device: dict[str, Any], key: str) -> str:
+    attr = device.get("attributes", {}).get(key)
+    return "-" if attr is None else str(next(iter(attr.values())))
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _slice_summary(stage: DraStage) -> str:
+    (only,) = stage.slices()
+    pool = only["spec"]["pool"]
+    return (f"ResourceSlice {only['metadata']['name']}: node {only['spec']['nodeName']}, "
+            f"pool {pool['name']} generation {pool['generation']}, "
+            f"{len(only['spec']['devices'])} devices")
+
+
+async def _demo(out: TextIO, workdir: Path) -> None:
+    def say(text: str = "") -> None:
+        print(text, file=out, flush=True)
+
+    node = gpu_node(workdir / "node", gid_table_size=16)
+    async with DraStage(node, workdir / "stage", node_name=NODE) as stage:
+        assert stage.kubelet is not None
+        say("== DRA: the node's HCAs as ResourceSlices (resource.k8s.io/v1) ==")
+        if not await stage.registered() or not await stage.until(lambda: bool(stage.devices())):
+            raise TimeoutError("the driver did not register and publish its slice")
+        say(f"The kubelet's plugin watcher found {DRIVER}-reg.sock and registered the driver "
+            f"({stage.kubelet.plugins[DRIVER].service}).")
+        say(_slice_summary(stage))
+        gpus = node.gpus_by_root()
+        rows: list[tuple[str, ...]] = [
+            ("DEVICE", "HCA", "pcieRoot", "GPUs UNDER IT", "NUMA", "NETDEV", "LINK")]
+        for name, d in sorted(stage.devices().items()):
+            root = _value(d, f"{STD}/pcieRoot")
+            rows.append((name, _value(d, f"{DRIVER}/hcaName"), root,
+                         str(len(gpus.get(root, []))), _value(d, f"{STD}/numaNode"),
+                         _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState")))
+        say(_table(rows))
+        say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
+            "and an HCA request gets both from one row's root complex.")
+        say()
+
+        say("== A claim is prepared ==")
+        uid = stage.api.add_claim("training", "gpu-and-hca", [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-2"}])
+        resp = await stage.kubelet.prepare(DRIVER, [("training", uid, "gpu-and-hca")])
+        entry = resp.claims[uid]
+        if entry.error:
+            raise TimeoutError(f"prepare failed: {entry.error}")
+        cdi_id = entry.devices[0].cdi_device_ids[0]
+        say(f"NodePrepareResources(training/gpu-and-hca) -> device mlx5-2, CDI ID {cdi_id}")
+        spec = json.loads(next(stage.cdi_dir.iterdir()).read_text())
+        edits = spec["devices"][0]["containerEdits"]
+        say(f"CDI spec {next(stage.cdi_dir.iterdir()).name}: "
+            f"{', '.join(n['path'] for n in edits['deviceNodes'])} + "
+            f"{spec['containerEdits']['deviceNodes'][0]['path']}; env {', '.join(edits['env'])}")
+        say()
+
+        say("== A port goes down ==")
+        node.set_port("mlx5_3", up=False)
+        if not await stage.until(lambda: "taints" in stage.devices().get("mlx5-3", {})):
+            raise TimeoutError("the slice did not change")
+        d = stage.devices()["mlx5-3"]
+        taint = d["taints"][0]
+        say(f"mlx5_3 port 1 DOWN -> {_slice_summary(stage)}")
+        say(f"  mlx5-3: linkState {_value(d, f'{DRIVER}/linkState')}, taint "
+            f"{taint['key']}={taint['value']}:{taint['effect']} (no new claims placed on it)")
+        events = stage.kubelet.events.health
+        await stage.until(lambda: bool(events) and
+                          events[-1].devices.get(f"{NODE}/mlx5-3") == "UNHEALTHY")
+        say(f"  health stream to the kubelet: {NODE}/mlx5-3 "
+            f"{events[-1].devices.get(f'{NODE}/mlx5-3')}")
+        node.set_port("mlx5_3", up=True)
+        await stage.until(lambda: "taints" not in stage.devices().get("mlx5-3", {"taints": 1}))
+        say(f"mlx5_3 port 1 up again -> taint cleared, {_slice_summary(stage)}")
+        say()
+
+        say("== The kubelet restarts ==")
+        await stage.kubelet.restart()
+        say("The starting kubelet deleted the node's slices and re-registered the driver ...")
+        if not await stage.registered(2) or not await stage.until(lambda: bool(stage.devices())):
+            raise TimeoutError("the driver did not publish again")
+        say(f"... which published again: {_slice_summary(stage)}")
+        resp = await stage.kubelet.unprepare(DRIVER, [("training", uid, "gpu-and-hca")])
+        say(f"NodeUnprepareResources(training/gpu-and-hca): "
+            f"{resp.claims[uid].error or 'done'}, CDI spec removed")
+
+
+def run_dra_demo(verbose: bool = False, out: TextIO | None = None) -> int:
+    """Print the DRA walkthrough; returns the exit code (0, or 1 when a step failed)."""
+    out = out or sys.stdout
+    if not verbose:
+        logging.getLogger().setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-demo-") as tmp:
+        try:
+            asyncio.run(_demo(out, Path(tmp)))
+        except TimeoutError as exc:
+            print(f"DRA demo failed: {exc}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,138 @@
+"""One node's DRA setup in a box: simulated node, fake API server, kubelet, driver.
+
+The demo, the benchmarks and the tests all run the real driver this way: discovery
+and the health watcher read the simulated sysfs, the driver serves real unix sockets
+that the kubelet emulator dials, and the slices go through real HTTP to the fake
+API server, credentials taken from a kubeconfig file like outside a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rdma_hca.daemon.config import Mode
+from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.health import HealthWatcher
+from rdma_hca.devkit.dra.apiserver import FakeApiServer
+from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.kit.aio import wait_until
+
+
+class DraStage:
+    def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
+                 mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
+                 nccl_env: bool = False, health_retry: float = 0.2,
+                 kubelet_wipes: bool = True,
+                 config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
+        self.node = node
+        self.workdir = workdir
+        self.node_name = node_name
+        self._own_api = api is None
+        self.api = api or FakeApiServer()
+        # Unix socket paths are limited to 107 bytes: keep the kubelet root short.
+        self.root = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
+        self.cdi_dir = workdir / "cdi"
+        self._mode = mode
+        self._nccl_env = nccl_env
+        self._tune = config
+        self._health_retry = health_retry
+        self._kubelet_wipes = kubelet_wipes
+        self.kubelet: DraKubelet | None = None
+        self.driver: DraDriver | None = None
+        self.watcher: HealthWatcher | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+
+    def config(self) -> DriverConfig:
+        kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
+        config = DriverConfig(
+            node_name=self.node_name,
+            plugins_registry_dir=f"{self.root}/plugins_registry",
+            plugins_dir=f"{self.root}/plugins",
+            cdi_spec_dir=str(self.cdi_dir),
+            mode=self._mode,
+            nccl_env=self._nccl_env,
+            checkpoint_path=str(self.workdir / "checkpoint.json"),
+            kubeconfig=str(kubeconfig),
+            socket_check_seconds=0.05,
+            read_deadline=5.0,
+        )
+        return self._tune(config) if self._tune else config
+
+    async def __aenter__(self) -> DraStage:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._own_api:
+            self.api.start()
+        self.kubelet = DraKubelet(self.root, self.node_name,
+                                  api_url=self.api.url if self._kubelet_wipes else None,
+                                  api_token=self.api.token, health_retry=self._health_retry)
+        await self.kubelet.start()
+        await self.start_driver()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_driver()
+        if self.kubelet is not None:
+            await self.kubelet.stop()
+        if self._own_api:
+            self.api.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    async def start_driver(self) -> DraDriver:
+        driver = DraDriver(self.config())
+        watcher = HealthWatcher([], str(self.node.sysfs_root), str(self.node.dev_root),
+                                poll_seconds=0.05, netlink=False, on_inventory=driver.update)
+        inventory = await watcher.refresh()
+        await driver.start(inventory)
+        self.driver, self.watcher = driver, watcher
+        self._watch_task = asyncio.create_task(watcher.run(), name="dra-stage-health")
+        return driver
+
+    async def stop_driver(self) -> None:
+        if self._watch_task is not None:
+            # Bounded: a cancel the watcher's wait_for swallows must not hang the stage.
+            self._watch_task.cancel()
+            await asyncio.wait({self._watch_task}, timeout=1.0)
+            self._watch_task = None
+        if self.driver is not None:
+            await self.driver.stop()
+            self.driver = None
+
+    async def restart_driver(self) -> DraDriver:
+        await self.stop_driver()
+        return await self.start_driver()
+
+    # --- what callers look at --------------------------------------------------------------
+
+    def slices(self) -> list[dict[str, Any]]:
+        return self.api.slices(self.node_name)
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """The node's published devices by name (of its one slice; empty when none)."""
+        return self.devices_of(None)
+
+    def devices_of(self, driver: str | None) -> dict[str, dict[str, Any]]:
+        found = [s for s in self.slices() if driver is None or s["spec"]["driver"] == driver]
+        if len(found) != 1:
+            return {}
+        return {d["name"]: d for d in found[0]["spec"].get("devices") or []}
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        return await wait_until(predicate, timeout, step=0.01)
+
+    async def registered(self, count: int = 1, timeout: float = 10.0) -> bool:
+        assert self.kubelet is not None and self.driver is not None
+        return await self.kubelet.wait_registered(self.driver.config.driver_name, count,
+                                                  timeout)
+
+
+def with_changes(**changes: Any) -> Callable[[DriverConfig], DriverConfig]:
+    """A ``config`` hook for DraStage that changes some fields of the driver's config."""
+    return lambda c: replace(c, **changes)

@@ -1,0 +1,4 @@
+"""Names the DRA tests share."""
+
+DRIVER = "rdma-hca.io"
+NODE = "node-a"

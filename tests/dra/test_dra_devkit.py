@@ -1,0 +1,36 @@
+"""The DRA demo and benchmark run the real driver end to end."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from rdma_hca.devkit.dra.bench import run_dra_bench
+from rdma_hca.devkit.dra.demo import run_dra_demo
+
+
+@pytest.mark.slow
+def test_demo_walks_through_slice_prepare_port_down_and_restart() -> None:
+    out = io.StringIO()
+    assert run_dra_demo(out=out) == 0
+    text = out.getvalue()
+    assert "registered the driver (v1.DRAPlugin)" in text
+    assert "pool gpu-node-1 generation 1, 9 devices" in text
+    assert "mlx5-2       mlx5_2       pci0000:" in text
+    assert "CDI ID rdma-hca.io/claim=" in text
+    assert "taint rdma-hca.io/link-down=down:NoSchedule" in text
+    assert "gpu-node-1/mlx5-3 UNHEALTHY" in text
+    assert "generation 3" in text
+    assert "published again" in text
+
+
+@pytest.mark.slow
+def test_bench_measures_both_figures() -> None:
+    figures = {f.key: f for f in run_dra_bench(quick=True)}
+    prepare = figures["dra_prepare_p50_ms"]
+    assert prepare.ours is not None and prepare.baseline is not None, prepare.note
+    assert math.isfinite(prepare.ours) and prepare.ours > 0 and prepare.baseline > 0
+    port = figures["dra_port_down_slice_ms"]
+    assert port.ours is not None and port.ours > 0, port.note
