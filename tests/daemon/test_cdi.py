@@ -6,13 +6,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from waiting import wait_until
-
 from rdma_hca.daemon.cdi import CDI_VERSION, SPEC_FILE, write_spec
 from rdma_hca.daemon.config import CdiConfig, Mode, PoolConfig, Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, infiniband_node
+from rdma_hca.devkit.waiting import wait_until
 
 R = "rdma/hca"
 

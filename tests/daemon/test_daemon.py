@@ -17,7 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-from waiting import wait_until
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.daemon.config import Mode, PoolConfig, Settings, UnhealthyWhen
@@ -26,6 +25,7 @@ from rdma_hca.daemon.pool import shared_ids
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import AdmissionError, KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 
 R = "rdma/hca"
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from lifecycle_support import R, running, settings_for
-from waiting import wait_until
 
 from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.daemon.kubelet import socket_name
 from rdma_hca.daemon.registration import State
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import asyncio
 from pathlib import Path
 
 from lifecycle_support import R, plugin_stub, running, settings_for
-from waiting import wait_until
 
 from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 
 
 async def test_fifty_stray_streams_cause_no_registration(

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 from test_daemon import R, make_settings
-from waiting import wait_until
 
 from rdma_hca.daemon.cdi import SPEC_FILE
 from rdma_hca.daemon.config import CdiConfig
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.netlink import NetdevEvent
 
 

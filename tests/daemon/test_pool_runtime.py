@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from lifecycle_support import R, running, settings_for
-from waiting import wait_until
 
 from rdma_hca.daemon.config import Mode, PoolConfig, Selectors, UnhealthyWhen
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.sysfs import discover_node
 
 

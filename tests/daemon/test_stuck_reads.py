@@ -28,7 +28,6 @@ from test_serve_process import (
     wait_http,
     wait_registered,
 )
-from waiting import wait_until
 
 from rdma_hca.daemon.kubelet import socket_name
 from rdma_hca.daemon.offloop import OffLoop, Stalled
@@ -36,6 +35,7 @@ from rdma_hca.daemon.pool import shared_ids
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 
 STUCK = "mlx5_3"
 

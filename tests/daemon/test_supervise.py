@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_daemon import R, make_settings
 from test_serve_process import http_get
-from waiting import wait_until
 
 from rdma_hca.daemon.kubelet import socket_name
 from rdma_hca.daemon.machine import PortStates
@@ -22,6 +21,7 @@ from rdma_hca.daemon.status import Status
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.reader import NodeReader
 
 

@@ -23,7 +23,8 @@ from rdma_hca.daemon.health import HealthWatcher
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.sim.nodes import SimNode
-from rdma_hca.kit.aio import wait_until
+from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.node.reader import NodeReader
 
 
 class DraStage:
@@ -87,8 +88,10 @@ class DraStage:
 
     async def start_driver(self) -> DraDriver:
         driver = DraDriver(self.config())
-        watcher = HealthWatcher([], str(self.node.sysfs_root), str(self.node.dev_root),
-                                poll_seconds=0.05, netlink=False, on_inventory=driver.update)
+        reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
+        watcher = HealthWatcher([], reader, str(self.node.sysfs_root), str(self.node.dev_root),
+                                poll_seconds=0.05, deadline=5.0, events=None,
+                                on_inventory=driver.update)
         inventory = await watcher.refresh()
         await driver.start(inventory)
         self.driver, self.watcher = driver, watcher

@@ -1,4 +1,4 @@
-"""Waiting for a condition that has no event to await (test code only)."""
+"""Waiting for a condition that has no event to await (the devkit's stages and the tests)."""
 
 from __future__ import annotations
 
