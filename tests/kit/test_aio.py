@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from rdma_hca.kit.aio import unless
+from rdma_hca.kit.aio import unless, wait_event
 
 
 async def _sleep_then(value: int, seconds: float) -> int:
@@ -53,3 +54,24 @@ async def test_cancelling_the_caller_cancels_both() -> None:
         await caller
     await asyncio.sleep(0)
     assert work.cancelled() and stop.cancelled()
+
+
+async def test_wait_event_answers_set_or_timeout() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_event(event, 5.0) is True
+
+
+async def test_wait_event_never_loses_a_cancel_that_meets_the_event() -> None:
+    # The event is set and the waiter cancelled in the same turn of the loop, many times:
+    # the cancel must always win, or a loop waiting this way outlives its stop.
+    for _ in range(200):
+        event = asyncio.Event()
+        waiter = asyncio.ensure_future(wait_event(event, 5.0))
+        await asyncio.sleep(0)
+        event.set()
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        assert waiter.cancelled()

@@ -31,6 +31,7 @@ from dataclasses import replace
 from rdma_hca.daemon.machine import MachineReader, PortCounters, failure_reason
 from rdma_hca.daemon.offloop import OffLoop, Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
+from rdma_hca.kit.aio import wait_event
 from rdma_hca.node import netlink
 from rdma_hca.node.model import NodeInventory
 
@@ -251,8 +252,7 @@ class HealthWatcher:
         last_full = loop.time()
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poke.wait(), self._next_wait(loop.time()))
+                await wait_event(self._poke, self._next_wait(loop.time()))
                 self._poke.clear()
                 now = loop.time()
                 due = (self._full_requested or now - last_full >= self.full_seconds

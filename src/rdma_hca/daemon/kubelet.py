@@ -22,7 +22,6 @@ for quietly, with the same backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -42,7 +41,7 @@ from rdma_hca.daemon.registration import (
     socket_name,
 )
 from rdma_hca.daemon.runtime import PoolRuntime
-from rdma_hca.kit.aio import cancel_all, unless
+from rdma_hca.kit.aio import cancel_all, unless, wait_event
 
 __all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
 
@@ -202,8 +201,7 @@ class KubeletLifecycle:
                 continue
             delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
             # Retry after the delay, or at once when something new happens.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await wait_event(self._wake, delay)
             self._wake.set()
 
     def _dir_ready(self) -> bool:

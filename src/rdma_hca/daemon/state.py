@@ -12,10 +12,10 @@ cancelled or timed out while waiting can never leave the publisher blocked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from rdma_hca.daemon.pool import DeviceInfo
+from rdma_hca.kit.aio import wait_event
 
 
 class DeviceState:
@@ -49,6 +49,5 @@ class DeviceState:
     async def wait_newer(self, seen: int, timeout: float | None = None) -> int:
         """Return the current generation once it is newer than ``seen`` (or on timeout)."""
         if self._generation == seen:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._next.wait(), timeout)
+            await wait_event(self._next, timeout)
         return self._generation

@@ -52,3 +52,18 @@ def _collect(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait for ``event`` at most ``timeout`` seconds; True when it was set.
+
+    Unlike ``asyncio.wait_for(event.wait(), timeout)``, a cancellation is never lost: on
+    Python 3.11 wait_for can swallow a cancel that arrives just as the event is set, and
+    a loop waiting that way then outlives the stop that cancelled it.
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+    finally:
+        waiter.cancel()
+    return bool(done)

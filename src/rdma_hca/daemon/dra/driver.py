@@ -34,6 +34,7 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
+from rdma_hca.kit.aio import wait_event
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 log = logging.getLogger("rdma_hca.dra")
@@ -63,20 +64,6 @@ def check_config(config: DriverConfig) -> None:
     if len(config.endpoint) > 107 or len(os.path.abspath(config.registration_socket)) > 107:
         raise DraConfigError(f"socket path {config.endpoint} is too long for a unix socket "
                              "(107 bytes at most): use a shorter kubelet root directory")
-
-
-async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """``event.wait()`` with a timeout that never swallows a cancellation.
-
-    ``asyncio.wait_for`` in Python 3.11 can drop a cancel that arrives as the event is
-    set; a loop waiting that way would then outlive ``stop()``.
-    """
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait({waiter}, timeout=timeout)
-    finally:
-        waiter.cancel()
-    return bool(done)
 
 
 def _socket_id(path: str) -> tuple[int, int] | None:
@@ -250,7 +237,7 @@ class DraDriver:
         backoff = BACKOFF_FIRST
         resync = self.config.resync_seconds or None
         while not self._stopping:
-            if not await _wait_event(self._wake, resync):
+            if not await wait_event(self._wake, resync):
                 self._check = True
             self._wake.clear()
             check, self._check = self._check, False
