@@ -19,7 +19,8 @@ from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
 
-from rdma_hca.daemon.config import Settings  # noqa: E402
+from rdma_hca.daemon.config import ConfigError, Settings  # noqa: E402
+from rdma_hca.daemon.dra.driver import DraConfigError  # noqa: E402
 from rdma_hca.daemon.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
 
@@ -73,6 +74,10 @@ def serve(settings: Settings) -> int:
             await daemon.run(stop)
         except BindError as exc:
             log.error("%s", exc)
+            return EXIT_CONFIG
+        except (ConfigError, DraConfigError) as exc:
+            # Found only once the node is known (e.g. an HCA both DRA and a pool select).
+            log.error("config error: %s", exc)
             return EXIT_CONFIG
         return EXIT_TASK_DIED if daemon.failed else EXIT_OK
 

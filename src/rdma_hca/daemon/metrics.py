@@ -55,6 +55,28 @@ class StatusCollector(Collector):
         yield from self._node(s)
         yield from self._pools(s)
         yield from self._daemon(s)
+        yield from self._dra(s)
+
+    def _dra(self, s: Status) -> Iterator[Metric]:
+        if s.dra is None:
+            return
+        registered = GaugeMetricFamily("rdma_hca_dra_registered",
+                                       "1 while registered with the kubelet's plugin watcher")
+        registered.add_metric([], 1.0 if s.dra.registered else 0.0)
+        yield registered
+        regs = _counter("rdma_hca_dra_registrations_total",
+                        "Times the kubelet's plugin watcher registered the DRA driver")
+        regs.add_metric([], s.dra.registrations)
+        yield regs
+        claims = GaugeMetricFamily("rdma_hca_dra_prepared_claims",
+                                   "ResourceClaims prepared on this node")
+        claims.add_metric([], s.dra.prepared_claims)
+        yield claims
+        published = GaugeMetricFamily("rdma_hca_dra_slice_published",
+                                      "1 when the node's ResourceSlice matches the HCAs, 0 "
+                                      "while publishing it fails")
+        published.add_metric([], 0.0 if s.dra.publish_error else 1.0)
+        yield published
 
     def _node(self, s: Status) -> Iterator[Metric]:
         g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",

@@ -154,6 +154,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("dra.driverName", Kind.DNS_NAME, DEFAULT_DRA_DRIVER_NAME,
        "the DRA driver's name, as ResourceSlices and DeviceClasses name it",
        max_length=63),
+    _s("dra.mode", Kind.ENUM, Mode.SHARED.value,
+       "shared: a device may be in several claims at once (allowMultipleAllocations); "
+       "exclusive: in one claim at a time", choices=_choices(Mode)),
     _s("dra.selectors", Kind.SELECTORS, None,
        "which HCAs the DRA driver publishes (same keys as a pool's selectors)",
        flag=False, env=False, default_text="all HCAs"),

@@ -133,6 +133,8 @@ class DraConfig:
 
     enabled: bool = False
     driver_name: str = DEFAULT_DRA_DRIVER_NAME
+    # Shared: every device carries allowMultipleAllocations, as the seed's shared HCAs.
+    mode: Mode = Mode.SHARED
     # Which HCAs the driver publishes; empty selectors mean every HCA of the node.
     selectors: Selectors = field(default_factory=Selectors)
 

@@ -26,6 +26,14 @@ class PoolStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class DraStatus:
+    registered: bool  # with the kubelet's plugin watcher
+    registrations: int
+    prepared_claims: int
+    publish_error: str | None  # why the node's ResourceSlice could not be published
+
+
+@dataclass(frozen=True, slots=True)
 class Liveness:
     """What /healthz answers: ``ok``, or why not."""
 
@@ -49,14 +57,21 @@ class Status:
     health_last_pass: float | None = None  # unix time
     dead_tasks: tuple[str, ...] = ()
     health_stale_after: float = 10.0  # seconds without a completed pass that fail /healthz
+    dra: DraStatus | None = None  # None: the DRA driver is off
 
     @property
     def ready(self) -> bool:
-        return bool(self.pools) and all(p.registered for p in self.pools)
+        """Every device plugin pool registered, and the DRA driver when it runs."""
+        if not self.pools and self.dra is None:
+            return False
+        return not self.waiting
 
     @property
     def waiting(self) -> tuple[str, ...]:
-        return tuple(p.resource for p in self.pools if not p.registered)
+        waiting = [p.resource for p in self.pools if not p.registered]
+        if self.dra is not None and not self.dra.registered:
+            waiting.append("the DRA driver (plugin watcher)")
+        return tuple(waiting)
 
     def liveness(self, now: float) -> Liveness:
         """Alive unless a root task died or the health loop stopped completing passes."""

@@ -18,7 +18,8 @@ from typing import Any
 from rdma_hca import __version__
 from rdma_hca.daemon.allocations import AllocationStats
 from rdma_hca.daemon.cdi import SPEC_FILE, build_spec, write_spec
-from rdma_hca.daemon.config import Settings
+from rdma_hca.daemon.config import ConfigError, Settings, overlapping_hcas
+from rdma_hca.daemon.dra import DraDriver, DriverConfig
 from rdma_hca.daemon.findings import NodeFindings, evaluate_node
 from rdma_hca.daemon.health import HealthWatcher
 from rdma_hca.daemon.httpserver import MetricsServer
@@ -26,7 +27,7 @@ from rdma_hca.daemon.kubelet import KUBELET_SOCKET, KubeletLifecycle
 from rdma_hca.daemon.machine import MachineReader
 from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
-from rdma_hca.daemon.status import PoolStatus, Status
+from rdma_hca.daemon.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.node.model import Gid, NodeInventory
 from rdma_hca.node.reader import NodeReader
@@ -77,6 +78,12 @@ class Daemon:
             on_inventory=self._on_inventory,
             **health_kw,
         )
+        # The DRA driver, beside or instead of the device plugin pools. lightkube is
+        # imported only when it starts, so a daemon without DRA does not pay for it.
+        self.dra: DraDriver | None = None
+        if settings.dra.enabled:
+            self.dra = DraDriver(DriverConfig.from_settings(settings,
+                                                            read_deadline=self.read_deadline))
         self.supervisor = Supervisor()
         self.findings = NodeFindings()
         self.http: MetricsServer | None = None
@@ -97,7 +104,7 @@ class Daemon:
         return bool(self.supervisor.dead)
 
     def ready(self) -> bool:
-        return self.lifecycle.ready()
+        return self.status().ready
 
     # --- what the endpoints read ------------------------------------------------------
 
@@ -131,6 +138,12 @@ class Daemon:
             dead_tasks=tuple(self.supervisor.dead),
             health_stale_after=max(STALE_PASSES * self.settings.health_poll_seconds,
                                    2 * self.read_deadline + 5.0),
+            dra=None if self.dra is None else DraStatus(
+                registered=self.dra.registered,
+                registrations=self.dra.registrations,
+                prepared_claims=len(self.dra.prepared),
+                publish_error=self.dra.publish_error,
+            ),
         )
 
     # --- following the node -----------------------------------------------------------
@@ -152,6 +165,8 @@ class Daemon:
             self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
         if self.settings.cdi.enabled:
             await self._write_cdi(inventory)
+        if self.dra is not None:
+            await self.dra.update(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
             findings.log_changes(self.findings)
@@ -204,6 +219,14 @@ class Daemon:
         inventory = await self.health.refresh()
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
+        twice = {name: who for name, who in overlapping_hcas(self.settings,
+                                                              inventory.hcas).items()
+                 if "dra" in who}
+        if twice:
+            raise ConfigError(
+                "dra.selectors", ", ".join(f"{n} ({' and '.join(w)})" for n, w in twice.items()),
+                "an HCA is offered by DRA and by a device plugin pool at once; give dra.selectors "
+                "and the pools' selectors HCAs apart, or set devicePlugin.enabled: false")
         if self.settings.metrics_address:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
@@ -214,6 +237,9 @@ class Daemon:
             await self.health.refresh_counters()
         await self.lifecycle.start()
         self.supervisor.watch(self.lifecycle.tasks)
+        if self.dra is not None:
+            await self.dra.start(inventory)
+            self.supervisor.watch(self.dra.tasks)
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
@@ -234,6 +260,8 @@ class Daemon:
                     await server.stop()
             self.lifecycle.servers.clear()
         finally:
+            if self.dra is not None:
+                await self.dra.stop()
             if self.http is not None:
                 await self.http.stop()
                 self.http = None

@@ -54,6 +54,7 @@ class DriverConfig:
         """The driver's part of the daemon's settings; ``overrides`` set any other field."""
         fields: dict[str, object] = {
             "driver_name": settings.dra.driver_name,
+            "mode": settings.dra.mode,
             "node_name": settings.node_name,
             "plugins_registry_dir": settings.plugins_registry_dir,
             "plugins_dir": settings.plugins_dir,

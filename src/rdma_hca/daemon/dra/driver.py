@@ -104,6 +104,11 @@ class DraDriver:
 
     # --- life cycle ------------------------------------------------------------------------
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The driver's running tasks, for the daemon's supervisor."""
+        return list(self._tasks)
+
     async def start(self, inventory: NodeInventory | None = None) -> None:
         check_config(self.config)
         self._stopping = False
