@@ -3,11 +3,13 @@ plugin directories and the CDI spec directory mounted; nothing of it while DRA i
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from deploy_support import CHART, RenderFn, run_helm, set_args
 from test_deploy_chart import config, container, mounts, one, pod_spec, volumes
 from test_deploy_guard import rendered_notes
@@ -165,3 +167,29 @@ def test_notes_speak_of_dra(helm: Path, tmp_path: Path) -> None:
     assert "Drain a node" in text
     off = rendered_notes(helm, tmp_path / "off")
     assert "resourceslices" not in off and "Check that a node offers the resource" in off
+
+
+def test_values_reused_from_a_chart_without_device_plugin_key(helm: Path, tmp_path: Path,
+                                                               render: RenderFn) -> None:
+    """`helm upgrade --reuse-values` renders the new templates over the old chart's values,
+    which have no devicePlugin key: that means the device plugin, as before."""
+    chart = tmp_path / CHART.name
+    shutil.copytree(CHART, chart)
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    del values["devicePlugin"], values["dra"]["selectors"]
+    (chart / "values.yaml").write_text(yaml.safe_dump(values))
+
+    def template(*args: str) -> Any:
+        return run_helm(helm, "template", "ack-rdma-device-plugin", str(chart), "--namespace",
+                        "kube-system", "--api-versions",
+                        "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy", *args)
+
+    old = template()
+    assert old.returncode == 0, old.stderr
+    assert [d for d in yaml.safe_load_all(old.stdout) if d] == render()
+    refused = template("--set", "dra.enabled=true")
+    assert refused.returncode != 0
+    assert "devicePlugin.enabled is not set" in refused.stderr
+    assert "--reuse-values" in refused.stderr
+    alone = template(*set_args({"dra.enabled": "true", "devicePlugin.enabled": "false"}))
+    assert alone.returncode == 0, alone.stderr

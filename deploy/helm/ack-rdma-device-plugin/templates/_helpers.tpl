@@ -96,13 +96,25 @@ pod: the kubelet dials the socket paths the driver reports, which are paths on t
 {{- end -}}
 
 {{/*
+"true" unless devicePlugin.enabled is false. Values reused from a chart without the key
+(helm upgrade --reuse-values) mean the device plugin, as before.
+*/}}
+{{- define "rdma.devicePluginEnabled" -}}
+{{- $dp := .Values.devicePlugin | default dict -}}
+{{- if or (not (hasKey $dp "enabled")) $dp.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 The daemon refuses to start with nothing to offer, or with the device plugin pools and the
 DRA driver both taking every HCA (the same HCA offered twice). Both are known here, so they
 fail the install instead of every pod. Overlapping names are left to the daemon, which
 says which HCA is taken twice.
 */}}
 {{- define "rdma.checkDra" -}}
-{{- $dpOn := .Values.devicePlugin.enabled -}}
+{{- if and .Values.dra.enabled (not (hasKey (.Values.devicePlugin | default dict) "enabled")) -}}
+{{- fail "dra.enabled=true but devicePlugin.enabled is not set: values reused from an older chart (helm upgrade --reuse-values) lack it; add --set devicePlugin.enabled=false to run DRA alone (or true beside the device plugin), or upgrade with --reset-then-reuse-values" -}}
+{{- end -}}
+{{- $dpOn := include "rdma.devicePluginEnabled" . -}}
 {{- if and (not $dpOn) (not .Values.dra.enabled) -}}
 {{- fail "devicePlugin.enabled=false with dra.enabled=false: nothing would be offered; turn one of them on (devicePlugin.enabled=false is for running the DRA driver alone)" -}}
 {{- end -}}

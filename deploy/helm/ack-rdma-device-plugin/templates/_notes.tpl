@@ -14,7 +14,7 @@ rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.
      kubectl label node <node> rdma.hca/enabled=true
 {{- end }}
 
-{{- if .Values.devicePlugin.enabled }}
+{{- if include "rdma.devicePluginEnabled" . }}
 
 2. Check that a node offers the resource ({{ .Values.resourceName }} in capacity and allocatable):
      kubectl get node <node> -o yaml
