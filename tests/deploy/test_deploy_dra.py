@@ -3,6 +3,7 @@ plugin directories and the CDI spec directory mounted; nothing of it while DRA i
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -193,3 +194,39 @@ def test_values_reused_from_a_chart_without_device_plugin_key(helm: Path, tmp_pa
     assert "--reuse-values" in refused.stderr
     alone = template(*set_args({"dra.enabled": "true", "devicePlugin.enabled": "false"}))
     assert alone.returncode == 0, alone.stderr
+
+
+# --- the docs' commands render ------------------------------------------------------------
+
+
+def _documented_sets(doc: str, heading: str) -> list[list[str]]:
+    """The --set arguments of every `helm` command in the shell blocks of one section."""
+    text = (CHART.parents[2] / "docs" / doc).read_text()
+    section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in section.split("```sh\n")[1:]:
+        command = block.split("```", 1)[0].replace("\\\n", " ")
+        for line in command.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["helm"]:
+                commands.append([w for i, w in enumerate(words[1:], 1)
+                                 if words[i - 1] == "--set" or w == "--set"])
+    return commands
+
+
+@pytest.mark.parametrize(("doc", "heading"), [
+    ("install.md", "## Dynamic Resource Allocation"), ("dra.md", "## Installing")])
+def test_the_documented_dra_commands_render(helm: Path, doc: str, heading: str) -> None:
+    commands = _documented_sets(doc, heading)
+    assert commands and all("dra.enabled=true" in c for c in commands)
+    for sets in commands:
+        result = run_helm(helm, "template", "x", str(CHART), *sets)
+        assert result.returncode == 0, f"{doc}: {sets}: {result.stderr}"
+
+
+def test_install_doc_has_the_dra_section() -> None:
+    text = (CHART.parents[2] / "docs" / "install.md").read_text()
+    section = text.split("## Dynamic Resource Allocation\n", 1)[1].split("\n## ", 1)[0]
+    for needle in ("devicePlugin.enabled", "dra.selectors", "Drain a node", "(dra.md)",
+                   "kubectl drain <node>"):
+        assert needle in section, needle
