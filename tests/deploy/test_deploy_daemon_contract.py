@@ -108,10 +108,12 @@ def _under(path: str, directory: str) -> bool:
     return Path(path).is_relative_to(directory)
 
 
-@pytest.mark.parametrize("kubelet_dir", ["/var/lib/kubelet", "/var/lib/k0s/kubelet/"])
+@pytest.mark.parametrize("kubelet_dir", ["/var/lib/kubelet", "/var/lib/k0s/kubelet/",
+                                         "/var/snap/microk8s/common/var/lib/kubelet"])
 def test_dra_alone_loads_into_the_daemon_and_the_driver(
         render: RenderFn, tmp_path: Path, kubelet_dir: str) -> None:
     from rdma_hca.daemon.dra import DriverConfig
+    from rdma_hca.daemon.dra.driver import check_config
 
     values = {"dra.enabled": "true", "devicePlugin.enabled": "false", "kubeletDir": kubelet_dir,
               "dra.driverName": "hca.example.com", "dra.selectors.names[0]": "mlx5_*",
@@ -139,6 +141,7 @@ def test_dra_alone_loads_into_the_daemon_and_the_driver(
     assert _under(driver.checkpoint, mounted["plugins"])
     assert driver.endpoint == f"{root}/plugins/hca.example.com/dra.sock"
     assert (driver.node_name, driver.driver_name) == ("node-a", "hca.example.com")
+    check_config(driver)  # what the driver refuses at start: no node, socket paths too long
 
 
 def test_dra_beside_the_device_plugin_loads_into_the_daemon(
