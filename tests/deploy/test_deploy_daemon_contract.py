@@ -15,7 +15,8 @@ from rdma_hca.tools.cli import build_parser, settings_from_args
 CONFIG_PATH = "/etc/rdma-hca/config.yaml"
 
 
-def daemon_settings(render: RenderFn, values: dict[str, str], tmp_path: Path) -> Settings:
+def daemon_settings(render: RenderFn, values: dict[str, str], tmp_path: Path,
+                    extra_env: dict[str, str] | None = None) -> Settings:
     objs = render(values)
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     ds = next(o for o in objs if o["kind"] == "DaemonSet")
@@ -26,6 +27,7 @@ def daemon_settings(render: RenderFn, values: dict[str, str], tmp_path: Path) ->
     # The file is where the ConfigMap volume puts it in the pod; here it is a temp file.
     assert env["RDMA_HCA_CONFIG"] == CONFIG_PATH
     env["RDMA_HCA_CONFIG"] = str(config_file)
+    env.update(extra_env or {})
     return settings_from_args(build_parser().parse_args(c["args"]), env=env)
 
 
@@ -89,3 +91,74 @@ def test_bind_address_reaches_the_daemon(render: RenderFn, tmp_path: Path, bind:
                                          address: str) -> None:
     values = {"metrics.bindAddress": bind} if bind else {}
     assert daemon_settings(render, values, tmp_path).metrics_address == address
+
+
+# --- DRA: the pod's env and mounts are what the driver uses --------------------------------
+
+
+def _host_mounts(render: RenderFn, values: dict[str, str]) -> dict[str, str]:
+    """Volume name -> its path in the pod, for hostPath volumes mounted at the host's path."""
+    spec = next(o for o in render(values) if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    paths = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    return {name: path for name, path in paths.items() if hosts.get(name) == path}
+
+
+def _under(path: str, directory: str) -> bool:
+    return Path(path).is_relative_to(directory)
+
+
+@pytest.mark.parametrize("kubelet_dir", ["/var/lib/kubelet", "/var/lib/k0s/kubelet/",
+                                         "/var/snap/microk8s/common/var/lib/kubelet"])
+def test_dra_alone_loads_into_the_daemon_and_the_driver(
+        render: RenderFn, tmp_path: Path, kubelet_dir: str) -> None:
+    from rdma_hca.daemon.dra import DriverConfig
+    from rdma_hca.daemon.dra.driver import check_config
+
+    values = {"dra.enabled": "true", "devicePlugin.enabled": "false", "kubeletDir": kubelet_dir,
+              "dra.driverName": "hca.example.com", "dra.selectors.names[0]": "mlx5_*",
+              "cdi.specDir": "/etc/cdi"}
+    # The kubelet fills NODE_NAME from spec.nodeName (a fieldRef, so not in the values read).
+    settings = daemon_settings(render, values, tmp_path, extra_env={"NODE_NAME": "node-a"})
+    assert settings.dra.enabled is True
+    assert settings.device_plugin_enabled is False and settings.pools == ()
+    assert settings.dra.driver_name == "hca.example.com"
+    assert list(settings.dra.selectors.names) == ["mlx5_*"]
+    assert settings.node_name == "node-a"
+    assert settings.warnings == ()
+    root = kubelet_dir.rstrip("/")
+    assert settings.kubelet_root == root
+    assert settings.kubelet_dir == f"{root}/device-plugins"
+
+    driver = DriverConfig.from_settings(settings)
+    mounted = _host_mounts(render, values)
+    assert driver.plugins_registry_dir == mounted["plugins-registry"]
+    assert driver.plugins_dir == mounted["plugins"]
+    assert driver.cdi_spec_dir == mounted["cdi-specs"] == "/etc/cdi"
+    # Everything the driver creates on the node is inside a mount (the root is read-only).
+    assert _under(driver.registration_socket, mounted["plugins-registry"])
+    assert _under(driver.endpoint, mounted["plugins"])
+    assert _under(driver.checkpoint, mounted["plugins"])
+    assert driver.endpoint == f"{root}/plugins/hca.example.com/dra.sock"
+    assert (driver.node_name, driver.driver_name) == ("node-a", "hca.example.com")
+    check_config(driver)  # what the driver refuses at start: no node, socket paths too long
+
+
+def test_dra_beside_the_device_plugin_loads_into_the_daemon(
+        render: RenderFn, tmp_path: Path) -> None:
+    values = {"dra.enabled": "true", "selectors.names[0]": "mlx5_0",
+              "dra.selectors.names[0]": "mlx5_1"}
+    s = daemon_settings(render, values, tmp_path)
+    assert (s.dra.enabled, s.device_plugin_enabled) == (True, True)
+    assert list(pool(s).selectors.names) == ["mlx5_0"]
+    assert list(s.dra.selectors.names) == ["mlx5_1"]
+
+
+def test_overlapping_names_are_left_to_the_daemon_which_refuses_them(
+        render: RenderFn, tmp_path: Path) -> None:
+    from rdma_hca.daemon.config import ConfigError
+
+    values = {"dra.enabled": "true", "selectors.names[0]": "mlx5_*",
+              "dra.selectors.names[0]": "mlx5_1"}
+    with pytest.raises(ConfigError, match="offered twice"):
+        daemon_settings(render, values, tmp_path)

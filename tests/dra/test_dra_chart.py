@@ -13,7 +13,8 @@ from deploy_support import CHART, RenderFn, ensure_helm, run_helm
 
 SA = "system:serviceaccount:kube-system:ack-rdma-dp"
 NODE_KEY = "authentication.kubernetes.io/node-name"
-ON = {"dra.enabled": "true"}
+# DRA alone: beside the device plugin the two must select different HCAs.
+ON = {"dra.enabled": "true", "devicePlugin.enabled": "false"}
 
 
 def _dra_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -77,7 +77,50 @@ none or under `helm template`), "release" and "namespace" (this release's name/n
 
 {{/* The kubelet's device-plugins directory, mounted at the same path inside the pod. */}}
 {{- define "rdma.devicePluginsDir" -}}
-{{- printf "%s/device-plugins" (trimSuffix "/" .Values.kubeletDir) -}}
+{{- printf "%s/device-plugins" (include "rdma.kubeletRoot" .) -}}
+{{- end -}}
+
+{{/*
+kubeletDir is the kubelet's root (the daemon's kubeletRoot); the DRA driver's directories
+derive from it as the daemon derives them, and are mounted at the same paths inside the
+pod: the kubelet dials the socket paths the driver reports, which are paths on the host.
+*/}}
+{{- define "rdma.kubeletRoot" -}}
+{{- trimSuffix "/" .Values.kubeletDir -}}
+{{- end -}}
+{{- define "rdma.pluginsRegistryDir" -}}
+{{- printf "%s/plugins_registry" (include "rdma.kubeletRoot" .) -}}
+{{- end -}}
+{{- define "rdma.pluginsDir" -}}
+{{- printf "%s/plugins" (include "rdma.kubeletRoot" .) -}}
+{{- end -}}
+
+{{/*
+"true" unless devicePlugin.enabled is false. Values reused from a chart without the key
+(helm upgrade --reuse-values) mean the device plugin, as before.
+*/}}
+{{- define "rdma.devicePluginEnabled" -}}
+{{- $dp := .Values.devicePlugin | default dict -}}
+{{- if or (not (hasKey $dp "enabled")) $dp.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The daemon refuses to start with nothing to offer, or with the device plugin pools and the
+DRA driver both taking every HCA (the same HCA offered twice). Both are known here, so they
+fail the install instead of every pod. Overlapping names are left to the daemon, which
+says which HCA is taken twice.
+*/}}
+{{- define "rdma.checkDra" -}}
+{{- if and .Values.dra.enabled (not (hasKey (.Values.devicePlugin | default dict) "enabled")) -}}
+{{- fail "dra.enabled=true but devicePlugin.enabled is not set: values reused from an older chart (helm upgrade --reuse-values) lack it; add --set devicePlugin.enabled=false to run DRA alone (or true beside the device plugin), or upgrade with --reset-then-reuse-values" -}}
+{{- end -}}
+{{- $dpOn := include "rdma.devicePluginEnabled" . -}}
+{{- if and (not $dpOn) (not .Values.dra.enabled) -}}
+{{- fail "devicePlugin.enabled=false with dra.enabled=false: nothing would be offered; turn one of them on (devicePlugin.enabled=false is for running the DRA driver alone)" -}}
+{{- end -}}
+{{- if and $dpOn .Values.dra.enabled (or (not .Values.selectors) (not .Values.dra.selectors)) -}}
+{{- fail "dra.enabled=true with devicePlugin.enabled=true: the device plugin pool (selectors) and the DRA driver (dra.selectors) would both offer every HCA; set devicePlugin.enabled=false to run DRA alone, or give selectors and dra.selectors different HCAs (e.g. selectors.names={mlx5_0,mlx5_1} and dra.selectors.names={mlx5_2,mlx5_3})" -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -121,4 +164,13 @@ logLevel: {{ .Values.logLevel }}
 cdi:
   enabled: {{ .Values.cdi.enabled }}
   specDir: {{ .Values.cdi.specDir | quote }}
+{{- if .Values.dra.enabled }}
+dra:
+  {{- if .Values.dra.selectors }}
+  selectors:
+    {{- toYaml .Values.dra.selectors | nindent 4 }}
+  {{- else }}
+  selectors: {}
+  {{- end }}
+{{- end }}
 {{- end -}}

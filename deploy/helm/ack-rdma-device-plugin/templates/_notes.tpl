@@ -14,8 +14,15 @@ rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.
      kubectl label node <node> rdma.hca/enabled=true
 {{- end }}
 
+{{- if include "rdma.devicePluginEnabled" . }}
+
 2. Check that a node offers the resource ({{ .Values.resourceName }} in capacity and allocatable):
      kubectl get node <node> -o yaml
+{{- else }}
+
+2. The device plugin is off (devicePlugin.enabled=false): nodes offer no {{ .Values.resourceName }}
+   of their own; it is served only through DRA where the cluster maps it (see below).
+{{- end }}
 
 3. Ask for it in a pod: resources.limits: {{ printf "{%s: 1}" .Values.resourceName }}
 {{- if .Values.nonHostNetwork.enabled }}
@@ -35,6 +42,17 @@ rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.
 {{- if and .Values.nonHostNetwork.enabled (not (include "rdma.admissionPolicyAvailable" .)) }}
    No IPC_LOCK warning policy is installed: this cluster does not serve
    admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes < 1.30).
+{{- end }}
+{{- if .Values.dra.enabled }}
+
+DRA is on (driver {{ .Values.dra.driverName }}): every node publishes its HCAs as a ResourceSlice,
+     kubectl get resourceslices --field-selector spec.driver={{ .Values.dra.driverName }}
+and ResourceClaims ask for them through the DeviceClass {{ .Values.dra.driverName }} (docs/dra.md).
+{{- if .Values.dra.extendedResourceName }}
+Pods asking for {{ .Values.dra.extendedResourceName }} in resources.limits are served by DRA through the
+DeviceClass {{ .Values.dra.driverName }}-extended where DRAExtendedResource is on (beta in 1.36).
+{{- end }}
+Drain a node before it moves from the device plugin to DRA (docs/dra.md).
 {{- end }}
 {{- if and .Values.metrics.enabled .Values.metrics.podMonitor.enabled (not (include "rdma.podMonitorAvailable" .)) }}
 
