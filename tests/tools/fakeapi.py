@@ -44,6 +44,7 @@ class FakeCluster:
     resource_slices: list[dict[str, Any]] | None = None
     device_classes: list[dict[str, Any]] = field(default_factory=list)
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
+    broken: set[str] = field(default_factory=set)  # resources answered with 500
     token: str | None = TOKEN  # None: accept any caller (TLS client certificates)
     requests: list[Recorded] = field(default_factory=list)
 
@@ -170,6 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, resource: str, group: str, ns: str | None, kind: str,
               items: list[dict[str, Any]]) -> None:
         if self._forbidden("list", resource, group, ns):
+            return
+        if resource in self.server.cluster.broken:
+            self._send(500, status_object(500, "InternalError", "Internal error occurred: "
+                                          "etcdserver: request timed out", {}))
             return
         self._send(200, {"kind": kind, "apiVersion": "v1",
                          "metadata": {"resourceVersion": "12345"}, "items": items})

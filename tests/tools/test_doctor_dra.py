@@ -340,3 +340,31 @@ def test_fake_server_selects_slices_by_field_like_the_real_one(url: str) -> None
 ])
 def test_device_class_selecting_the_driver(expression: str, selected: bool) -> None:
     assert selects_driver(device_class("c", expression), "rdma-hca.io") is selected
+
+
+def test_server_error_on_slices_fails_that_check_only(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.broken.add("resourceslices")
+    assert doctor(kubeconfig, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert ("✗ ResourceSlices of rdma-hca.io: could not be listed: GET "
+            in out)
+    assert "HTTP 500: Internal error occurred: etcdserver: request timed out" in out
+    # Everything else is still judged.
+    assert "✓ node e01-cn-b: rdma/hca advertised" in out
+    assert "1 of 6 checks failed" in out
+
+
+def test_node_with_a_slice_but_no_pod_is_an_rdma_node(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cluster.resource_slices is not None
+    cluster.nodes.append(node("e01-cn-c", hca=None))
+    cluster.resource_slices.append(resource_slice("e01-cn-c"))
+    assert doctor(kubeconfig, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert ("✗ node e01-cn-c: plugin pod: has ResourceSlices of rdma-hca.io but no pod of "
+            "ack-rdma-dp-ds runs there") in out
+    assert "✓ node e01-cn-c: ResourceSlice" in out
+    assert "e01-cn-c   1                e01-cn-c" in out

@@ -128,6 +128,8 @@ def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:
         if not isinstance(exc.__cause__, ApiError) or exc.__cause__.status != 403:
             raise
         return dra.DraData(driver, available=True, slices=None, denied=_denied(exc.__cause__))
+    except ApiError as exc:  # e.g. 500: the DRA part fails, the rest is still reported
+        return dra.DraData(driver, available=True, slices=None, error=str(exc))
     if slices:
         return dra.DraData(driver, available=True, slices=slices)
     try:
@@ -324,6 +326,11 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
             stale = dra.stale(data.dra, {n.name for n in rows})
             checks.append(dra.stale_check(data.dra, stale, len(slices_by_node) - len(
                 {s.node_name for s in stale})))
+        elif data.dra.error is not None:
+            checks.append(Check(
+                "cluster", f"ResourceSlices of {data.dra.driver}", False,
+                f"could not be listed: {data.dra.error}",
+                "run the doctor again; if it keeps failing, read the API server's log"))
         dra_report = dra.DraReport(
             data.dra.driver, data.dra.available, use and data.dra.slices is not None, because,
             dra.note(data.dra), tuple(dra_rows), stale)

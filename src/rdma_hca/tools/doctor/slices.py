@@ -37,9 +37,9 @@ class DraData:
     """What the API server said about DRA.
 
     ``slices`` is None when they could not be listed (``available`` False: no
-    resource.k8s.io/v1; ``denied``: RBAC). ``device_classes`` holds the names of the
-    DeviceClasses selecting the driver, None when they were not or could not be listed
-    (they are only asked for when no slice exists).
+    resource.k8s.io/v1; ``denied``: RBAC; ``error``: another failure). ``device_classes``
+    holds the names of the DeviceClasses selecting the driver, None when they were not or
+    could not be listed (they are only asked for when no slice exists).
     """
 
     driver: str
@@ -47,6 +47,7 @@ class DraData:
     slices: Sequence[Mapping[str, Any]] | None
     device_classes: Sequence[str] | None = None
     denied: str | None = None
+    error: str | None = None  # listing the slices failed otherwise (e.g. HTTP 500)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +220,7 @@ def note(data: DraData) -> str | None:
     if data.denied is not None:
         return (f"ResourceSlices not checked: {data.denied}; this needs list on "
                 f"resourceslices.{GROUP} and deviceclasses.{GROUP}, e.g. {RBAC_FIX}")
-    if in_use(data)[0]:
+    if in_use(data)[0] or data.error is not None:
         return None
     if data.device_classes is None:
         return (f"no ResourceSlice of driver {data.driver}, and DeviceClasses could not be "
