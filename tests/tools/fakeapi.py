@@ -45,6 +45,7 @@ class FakeCluster:
     device_classes: list[dict[str, Any]] = field(default_factory=list)
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
     broken: set[str] = field(default_factory=set)  # resources answered with 500
+    plain_404: bool = False  # unknown paths get a text 404, as from a proxy in front
     token: str | None = TOKEN  # None: accept any caller (TLS client certificates)
     requests: list[Recorded] = field(default_factory=list)
 
@@ -129,6 +130,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif parts[:3] == ["apis", "resource.k8s.io", "v1"] and len(parts) == 4 \
                 and cluster.resource_slices is not None:
             self._dra(parts[3], query.get("fieldSelector", [""])[0])
+        elif cluster.plain_404:
+            data = b"404 page not found\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._send(404, status_object(404, "NotFound", "the server could not find the "
                                           "requested resource", {}))

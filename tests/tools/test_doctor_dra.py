@@ -221,6 +221,15 @@ def test_no_dra_api_is_one_line_and_no_failure(
     assert not any(r.path == CLASSES for r in cluster.requests)
 
 
+def test_no_dra_api_behind_a_proxy_answering_plain_text(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.resource_slices = None
+    cluster.plain_404 = True
+    assert doctor(kubeconfig, tmp_path) == 0
+    assert "- DRA is not available on this cluster" in capsys.readouterr().out
+
+
 def test_no_dra_api_in_json(
     cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
