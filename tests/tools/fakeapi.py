@@ -1,9 +1,11 @@
 """A fake Kubernetes API server for tests: real HTTP on 127.0.0.1, JSON shaped like a cluster's.
 
-It serves the three reads ``rdma-hca doctor`` makes, checks the bearer token like the real
+It serves the reads ``rdma-hca doctor`` makes, checks the bearer token like the real
 server (401 with a ``Status`` object when it is wrong), returns ``Status`` objects for 403/404,
-filters pods by ``labelSelector`` (equality terms), and records every request so tests can
-assert on what the client sent.
+filters pods by ``labelSelector`` (equality terms) and ResourceSlices by ``fieldSelector``
+(``spec.nodeName``, ``spec.driver``, ``metadata.name``; any other field is refused with 400
+like the real server does), and records every request so tests can assert on what the
+client sent. ``resource.k8s.io/v1`` is served only when ``resource_slices`` is not None.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ class FakeCluster:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     daemonsets: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # None: the API server has no resource.k8s.io/v1 (before 1.34, or DRA off): 404.
+    resource_slices: list[dict[str, Any]] | None = None
+    device_classes: list[dict[str, Any]] = field(default_factory=list)
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
+    broken: set[str] = field(default_factory=set)  # resources answered with 500
+    plain_404: bool = False  # unknown paths get a text 404, as from a proxy in front
     token: str | None = TOKEN  # None: accept any caller (TLS client certificates)
     requests: list[Recorded] = field(default_factory=list)
 
@@ -54,6 +61,33 @@ def status_object(code: int, reason: str, message: str, details: dict[str, Any])
         "details": details,
         "code": code,
     }
+
+
+SLICE_FIELDS = ("metadata.name", "spec.nodeName", "spec.driver")
+
+
+class BadSelector(ValueError):
+    pass
+
+
+def _field_value(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def field_selector_matches(selector: str, obj: dict[str, Any]) -> bool:
+    """``a=b``, ``a==b`` and ``a!=b`` terms over the fields a ResourceSlice supports."""
+    for term in filter(None, selector.split(",")):
+        negate = "!=" in term
+        key, _, value = term.partition("!=" if negate else "=")
+        value = value.removeprefix("=")
+        if key not in SLICE_FIELDS:
+            raise BadSelector(f"field label not supported: {key}")
+        if (_field_value(obj, key) == value) == negate:
+            return False
+    return True
 
 
 def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
@@ -93,6 +127,33 @@ class _Handler(BaseHTTPRequestHandler):
                 and _selector_matches(selector, p["metadata"].get("labels", {}))
             ]
             self._list("pods", "", parts[3], "PodList", pods)
+        elif parts[:3] == ["apis", "resource.k8s.io", "v1"] and len(parts) == 4 \
+                and cluster.resource_slices is not None:
+            self._dra(parts[3], query.get("fieldSelector", [""])[0])
+        elif cluster.plain_404:
+            data = b"404 page not found\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._send(404, status_object(404, "NotFound", "the server could not find the "
+                                          "requested resource", {}))
+
+    def _dra(self, resource: str, selector: str) -> None:
+        cluster = self.server.cluster
+        if resource == "resourceslices":
+            try:
+                found = [s for s in cluster.resource_slices or []
+                         if field_selector_matches(selector, s)]
+            except BadSelector as exc:
+                self._send(400, status_object(400, "BadRequest", str(exc), {}))
+                return
+            self._list("resourceslices", "resource.k8s.io", None, "ResourceSliceList", found)
+        elif resource == "deviceclasses":
+            self._list("deviceclasses", "resource.k8s.io", None, "DeviceClassList",
+                       cluster.device_classes)
         else:
             self._send(404, status_object(404, "NotFound", "the server could not find the "
                                           "requested resource", {}))
@@ -118,6 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, resource: str, group: str, ns: str | None, kind: str,
               items: list[dict[str, Any]]) -> None:
         if self._forbidden("list", resource, group, ns):
+            return
+        if resource in self.server.cluster.broken:
+            self._send(500, status_object(500, "InternalError", "Internal error occurred: "
+                                          "etcdserver: request timed out", {}))
             return
         self._send(200, {"kind": kind, "apiVersion": "v1",
                          "metadata": {"resourceVersion": "12345"}, "items": items})
@@ -280,4 +345,51 @@ def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = 
                                    "image": "rdma-hca:0.1.0", "imageID": "",
                                    "state": state}],
         },
+    }
+
+
+# ---------------------------------------------------------------- DRA objects as the driver writes
+
+DRIVER = "rdma-hca.io"
+
+
+def dra_device(hca: str, *, down: bool = False, taint: bool = True,
+               driver: str = DRIVER) -> dict[str, Any]:
+    """A device as the driver publishes it: a port down sets linkState and (taint) a taint."""
+    attrs = {
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:37"},
+        f"{driver}/hcaName": {"string": hca},
+        f"{driver}/linkState": {"string": "down" if down else "up"},
+    }
+    device: dict[str, Any] = {"name": hca.replace("_", "-"), "attributes": attrs,
+                              "allowMultipleAllocations": True}
+    if down and taint:
+        device["taints"] = [{"key": f"{driver}/link-down", "value": "down",
+                             "effect": "NoSchedule"}]
+    return device
+
+
+def resource_slice(node_name: str, devices: list[dict[str, Any]] | None = None, *,
+                   name: str | None = None, pool: str | None = None, generation: int = 1,
+                   driver: str = DRIVER) -> dict[str, Any]:
+    if devices is None:
+        devices = [dra_device(f"mlx5_{i}", driver=driver) for i in range(4)]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node_name}-{driver}-x7k2p", "uid": f"uid-{name}",
+                     "resourceVersion": "100", "creationTimestamp": CREATED},
+        "spec": {"driver": driver, "nodeName": node_name,
+                 "pool": {"name": pool or node_name, "generation": generation,
+                          "resourceSliceCount": 1},
+                 "devices": devices},
+    }
+
+
+def device_class(name: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name, "creationTimestamp": CREATED},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
     }

@@ -1,9 +1,9 @@
 """``rdma-hca doctor``: say what is wrong with RDMA in a cluster or on a node, and how to fix it.
 
-Without ``--node`` it asks the API server about the DaemonSet, its pods and every node's
-``rdma/hca`` count, with any kubeconfig kubectl accepts (also as ``kubectl rdma-hca
-doctor``); with ``--node`` it inspects the local machine (HCAs, device nodes,
-kubelet sockets, netns mode, IPv6 GIDs, the plugin's readiness).
+Without ``--node`` it asks the API server about the DaemonSet, its pods, every node's
+``rdma/hca`` count and the DRA driver's ResourceSlices, with any kubeconfig kubectl accepts
+(also as ``kubectl rdma-hca doctor``); with ``--node`` it inspects the local machine (HCAs,
+device nodes, kubelet sockets, netns mode, IPv6 GIDs, the plugin's readiness).
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when the command cannot run
 (bad flags, no or broken kubeconfig, credentials refused, API server unreachable).
@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 from rdma_hca.daemon.config import BY_KEY, add_flags
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
-from rdma_hca.kit.names import resource_name_problem
-from rdma_hca.tools.doctor import cluster, kubeapi, render
+from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
+from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
 from rdma_hca.tools.doctor.result import parse_command
 
 
@@ -44,6 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cl.add_argument("--namespace", default="kube-system", help="namespace of the DaemonSet")
     cl.add_argument("--name", default="ack-rdma-dp-ds", help="name of the DaemonSet")
     cl.add_argument("--resource", default="rdma/hca", help="extended resource name to check")
+    cl.add_argument("--dra-driver", default=slices.DEFAULT_DRIVER, metavar="NAME",
+                    help="DRA driver whose ResourceSlices to check (default: %(default)s)")
     cl.add_argument("--timeout", type=float, default=kubeapi.DEFAULT_TIMEOUT,
                     help="seconds to wait for each API request")
     nd = p.add_argument_group("node view")
@@ -101,6 +103,10 @@ def run_cluster(
     if why:
         return _fail(out, args.json, EXIT_USAGE,
                      f"--resource {args.resource!r} is not an extended resource name: {why}")
+    if not is_dns_subdomain(args.dra_driver):
+        return _fail(out, args.json, EXIT_USAGE,
+                     f"--dra-driver {args.dra_driver!r} is not a DRA driver name: it must be a "
+                     "lower-case DNS subdomain such as rdma-hca.io")
     if not args.timeout > 0:
         return _fail(out, args.json, EXIT_USAGE, f"--timeout must be above 0, not {args.timeout}")
     try:
@@ -109,7 +115,7 @@ def run_cluster(
             in_cluster_root=in_cluster_root,
         )
         client = kubeapi.KubeClient(creds, timeout=args.timeout)
-        data = cluster.fetch(client, args.namespace, args.name)
+        data = cluster.fetch(client, args.namespace, args.name, args.dra_driver)
     except (kubeapi.ConfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
         return _fail(out, args.json, EXIT_USAGE, str(exc))
     except kubeapi.KubeError as exc:

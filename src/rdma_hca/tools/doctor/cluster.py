@@ -1,19 +1,22 @@
-"""The cluster view of ``rdma-hca doctor``: is the plugin installed, running and advertising?
+"""The cluster view of ``rdma-hca doctor``: is the plugin installed, running and advertising,
+and do the DRA driver's ResourceSlices match the nodes?
 
-Fetching (three reads) is kept apart from judging (:func:`evaluate`, a pure function of the
-JSON the API server returned and the current time), so every verdict can be tested on plain
-dictionaries shaped like real API objects.
+Fetching (three reads, and one or two for DRA) is kept apart from judging (:func:`evaluate`,
+a pure function of the JSON the API server returned and the current time), so every verdict
+can be tested on plain dictionaries shaped like real API objects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
-from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError
+from rdma_hca.tools.doctor import slices as dra
+from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
 from rdma_hca.tools.doctor.result import Check
 
 T = TypeVar("T")
@@ -71,6 +74,7 @@ class ClusterData:
     daemonset: Mapping[str, Any] | None
     nodes: Sequence[Mapping[str, Any]]
     pods: Sequence[Mapping[str, Any]]
+    dra: dra.DraData | None = None  # None: DRA was not looked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,7 @@ class ClusterReport:
     daemonset: DaemonSetRow | None
     nodes: tuple[NodeRow, ...]
     checks: tuple[Check, ...] = field(default=())
+    dra: dra.DraReport | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,8 +95,11 @@ class ClusterReport:
 # ---------------------------------------------------------------------------------- fetching
 
 
-def fetch(client: KubeClient, namespace: str, name: str) -> ClusterData:
-    """Read the DaemonSet, every node, and the DaemonSet's pods."""
+def fetch(
+    client: KubeClient, namespace: str, name: str, driver: str | None = dra.DEFAULT_DRIVER
+) -> ClusterData:
+    """Read the DaemonSet, every node, the DaemonSet's pods and (unless ``driver`` is None)
+    the DRA driver's ResourceSlices."""
     daemonset: Mapping[str, Any] | None = _read(
         client, lambda: client.daemonset(namespace, name), "get", "daemonsets", "apps",
         namespace)
@@ -101,7 +109,45 @@ def fetch(client: KubeClient, namespace: str, name: str) -> ClusterData:
         selector = daemonset.get("spec", {}).get("selector") or {}
         pods = _read(client, lambda: client.pods(namespace, selector), "list", "pods", "",
                      namespace)
-    return ClusterData(namespace, name, daemonset, nodes, pods)
+    dra_data = fetch_dra(client, driver) if driver is not None else None
+    return ClusterData(namespace, name, daemonset, nodes, pods, dra_data)
+
+
+def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:
+    """The driver's slices (one list, all nodes, so stale ones show too); the DeviceClasses
+    only when no slice exists, to tell "DRA not in use" from "no node publishes".
+
+    404 means the API server has no resource.k8s.io/v1 and 403 that we may not look: both
+    are reported on one line instead of failing the whole doctor."""
+    try:
+        slices = _read(client, lambda: client.resource_slices(driver), "list",
+                       "resourceslices", dra.GROUP, None)
+    except NotFoundError:
+        return dra.DraData(driver, available=False, slices=None)
+    except AccessError as exc:
+        if not isinstance(exc.__cause__, ApiError) or exc.__cause__.status != 403:
+            raise
+        return dra.DraData(driver, available=True, slices=None, denied=_denied(exc.__cause__))
+    except ApiError as exc:  # e.g. 500: the DRA part fails, the rest is still reported
+        return dra.DraData(driver, available=True, slices=None, error=str(exc))
+    if slices:
+        return dra.DraData(driver, available=True, slices=slices)
+    try:
+        classes = _read(client, client.device_classes, "list", "deviceclasses", dra.GROUP,
+                        None)
+    except NotFoundError:
+        classes = []
+    except AccessError as exc:
+        if not isinstance(exc.__cause__, ApiError) or exc.__cause__.status != 403:
+            raise
+        return dra.DraData(driver, available=True, slices=slices, device_classes=None)
+    names = [str(c.get("metadata", {}).get("name", "")) for c in classes
+             if dra.selects_driver(c, driver)]
+    return dra.DraData(driver, available=True, slices=slices, device_classes=names)
+
+
+def _denied(exc: ApiError) -> str:
+    return f"RBAC denied list resourceslices.{dra.GROUP} at cluster scope ({exc})"
 
 
 def _read(
@@ -253,18 +299,56 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
         node_name = pod.get("spec", {}).get("nodeName")
         if node_name and not pod.get("metadata", {}).get("deletionTimestamp"):
             pods_by_node.setdefault(str(node_name), []).append(pod)
+    judge_dra = data.dra is not None and data.dra.slices is not None and dra.in_use(data.dra)[0]
+    slices_by_node = dra.by_node(data.dra.slices or []) if data.dra is not None else {}
     rows: list[NodeRow] = []
+    dra_rows: list[dra.NodeSlices] = []
     for node in sorted(data.nodes, key=lambda n: str(n.get("metadata", {}).get("name", ""))):
+        name = str(node.get("metadata", {}).get("name", ""))
+        node_slices = slices_by_node.get(name, [])
         node_row, node_checks = _judge_node(
-            node, pods_by_node, resource, ds_selector, data, kns, ds_ref
+            node, pods_by_node, resource, ds_selector, data, kns, ds_ref, bool(node_slices)
         )
+        if judge_dra and data.dra is not None and (node_row.ok is not None or node_slices):
+            slice_row, slice_checks = dra.judge_node(
+                name, node_slices, driver=data.dra.driver, in_use=True,
+                pod_ready=node_row.pod_ready is True, **_commands(kns, ds_ref, node_row))
+            dra_rows.append(slice_row)
+            node_checks.extend(slice_checks)
+            node_row = dataclasses.replace(node_row, ok=all(c.ok for c in node_checks))
         rows.append(node_row)
         checks.extend(node_checks)
+    dra_report = None
+    if data.dra is not None:
+        use, because = dra.in_use(data.dra)
+        stale: tuple[dra.StaleSlice, ...] = ()
+        if judge_dra:
+            stale = dra.stale(data.dra, {n.name for n in rows})
+            checks.append(dra.stale_check(data.dra, stale, len(slices_by_node) - len(
+                {s.node_name for s in stale})))
+        elif data.dra.error is not None:
+            checks.append(Check(
+                "cluster", f"ResourceSlices of {data.dra.driver}", False,
+                f"could not be listed: {data.dra.error}",
+                "run the doctor again; if it keeps failing, read the API server's log"))
+        dra_report = dra.DraReport(
+            data.dra.driver, data.dra.available, use and data.dra.slices is not None, because,
+            dra.note(data.dra), tuple(dra_rows), stale)
     # Nodes that should run a plugin pod (they have one, or an RDMA label or count) but have
     # no ready one: named on the DaemonSet's line so the first failure says where to look.
     lacking = [n.name for n in rows if n.ok is False and n.pod_ready is not True]
     checks.insert(0, _daemonset_check(data, row, kns, ds_ref, lacking))
-    return ClusterReport(data.namespace, data.name, resource, row, tuple(rows), tuple(checks))
+    return ClusterReport(data.namespace, data.name, resource, row, tuple(rows), tuple(checks),
+                         dra_report)
+
+
+def _commands(kns: str, ds_ref: str, row: NodeRow) -> dict[str, str]:
+    """The log to read and the node doctor to run for a node, through its pod if it has one."""
+    if row.pod is None:
+        return {"logs": f"{kns} logs {ds_ref}",
+                "node_doctor": f"rdma-hca doctor --node on node {row.name}"}
+    return {"logs": f"{kns} logs {row.pod}",
+            "node_doctor": f"{kns} exec {row.pod} -- rdma-hca doctor --node"}
 
 
 def _daemonset_check(
@@ -308,6 +392,7 @@ def _judge_node(
     data: ClusterData,
     kns: str,
     ds_ref: str,
+    has_slices: bool = False,
 ) -> tuple[NodeRow, list[Check]]:
     meta = node.get("metadata", {})
     name = str(meta.get("name", ""))
@@ -323,11 +408,16 @@ def _judge_node(
     checks: list[Check] = []
     if pod is not None and pod_name is not None:
         checks.append(_pod_check(name, node, pod, bool(ready_pods), kns))
-        checks.append(_resource_check(name, resource, (cap_text, cap), (alloc_text, alloc),
-                                      kns, pod_name))
+        if cap_text is None and has_slices:
+            # No extended resource but the driver's slice: a node served by DRA only.
+            checks.append(Check(name, f"{resource} advertised", True,
+                                "not advertised: the node offers its HCAs through DRA only"))
+        else:
+            checks.append(_resource_check(name, resource, (cap_text, cap),
+                                          (alloc_text, alloc), kns, pod_name))
     else:
         missing = _missing_pod_check(name, labels, labelled, ds_selector, resource, cap, data,
-                                     kns, ds_ref)
+                                     kns, ds_ref, has_slices)
         if missing is not None:
             checks.append(missing)
     row = NodeRow(
@@ -394,18 +484,22 @@ def _missing_pod_check(
     data: ClusterData,
     kns: str,
     ds_ref: str,
+    has_slices: bool = False,
 ) -> Check | None:
     """A node without our pod is only wrong if something says it is an RDMA node."""
     selected = bool(ds_selector) and all(labels.get(k) == v for k, v in ds_selector.items())
     advertises = cap is not None and cap > 0
-    if not (labelled or selected or advertises):
+    if not (labelled or selected or advertises or has_slices):
         return None
     if labelled:
         why = f"has an RDMA label but no pod of {data.name}"
     elif selected:
         why = f"matches the node selector of {data.name} but has no pod of it"
-    else:
+    elif advertises:
         why = f"advertises {resource} but no pod of {data.name} runs there (stale count)"
+    else:
+        driver = data.dra.driver if data.dra is not None else "the driver"
+        why = f"has ResourceSlices of {driver} but no pod of {data.name} runs there"
     if data.daemonset is None:
         fix = (f"install the chart: helm install ack-rdma-device-plugin {CHART_DIR} "
                f"-n {data.namespace}")

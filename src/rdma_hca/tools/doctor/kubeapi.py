@@ -1,5 +1,5 @@
 """Reaching the Kubernetes API server for ``doctor``: credentials found the way kubectl finds
-them, and the three reads it needs, made with lightkube.
+them, and the reads it needs, made with lightkube.
 
 Every kubeconfig kubectl accepts works: tokens and token files, client certificates (files or
 ``*-data``), basic auth, exec credential plugins (EKS, GKE, AKS, OIDC) and the in-cluster
@@ -365,6 +365,25 @@ class KubeClient:
             lambda: [_plain(p) for p in self._client.list(Pod, namespace=namespace,
                                                           labels=labels or None)],
         )
+
+    def resource_slices(self, driver: str) -> list[dict[str, Any]]:
+        """Every ResourceSlice (resource.k8s.io/v1) of ``driver``, on all nodes."""
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        found = self._call(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            lambda: [_plain(s) for s in self._client.list(ResourceSlice,
+                                                          fields={"spec.driver": driver})],
+        )
+        # The field selector did this already; a server that ignored it must not make
+        # another driver's slices look like ours.
+        return [s for s in found if (s.get("spec") or {}).get("driver") == driver]
+
+    def device_classes(self) -> list[dict[str, Any]]:
+        from lightkube.resources.resource_v1 import DeviceClass
+
+        return self._call("/apis/resource.k8s.io/v1/deviceclasses",
+                          lambda: [_plain(c) for c in self._client.list(DeviceClass)])
 
     def _call(self, path: str, request: Callable[[], T]) -> T:
         """Run one request, turning every failure into a one-line KubeError."""

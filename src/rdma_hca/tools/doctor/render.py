@@ -64,6 +64,16 @@ def cluster_text(report: ClusterReport) -> str:
               n.allocatable or "<none>", "yes" if n.rdma_labelled else "no", mark(n.ok)]
              for n in report.nodes],
         ))
+    if report.dra is not None and report.dra.nodes:
+        parts.append(table(
+            ["NODE", "RESOURCESLICES", "POOL", "GENERATION", "DEVICES", "TAINTED", "LINK DOWN",
+             "OK"],
+            [[n.node, str(len(n.slices)), ",".join(n.pools) or "<none>",
+              "<none>" if n.generation is None else str(n.generation), str(n.devices),
+              str(n.tainted), str(n.link_down), mark(n.ok)] for n in report.dra.nodes],
+        ))
+    if report.dra is not None and report.dra.note:
+        parts.append(f"{mark(None)} {report.dra.note}")
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
@@ -90,6 +100,22 @@ def cluster_json(report: ClusterReport) -> dict[str, Any]:
         "daemonSetName": report.name,
         "resource": report.resource,
         "nodes": [camel(n) for n in report.nodes],
+        "dra": dra_json(report),
         "checks": checks_json(report.checks),
         "error": None,
+    }
+
+
+def dra_json(report: ClusterReport) -> dict[str, Any] | None:
+    d = report.dra
+    if d is None:
+        return None
+    return {
+        "driver": d.driver,
+        "available": d.available,
+        "inUse": d.in_use,
+        "inUseBecause": d.in_use_because,
+        "note": d.note,
+        "nodes": [camel(n) for n in d.nodes],
+        "staleSlices": [camel(s) for s in d.stale_slices],
     }

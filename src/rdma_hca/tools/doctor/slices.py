@@ -1,0 +1,251 @@
+"""The DRA part of the cluster view: do the driver's ResourceSlices match the nodes?
+
+The driver publishes one pool per node, named after it, holding one ResourceSlice. Judged
+here, as a pure function of what the API server listed (the cluster view does the reads):
+
+- DRA is *in use* when at least one ResourceSlice of the driver exists in the cluster, or,
+  when none does, a DeviceClass selects the driver (its CEL compares ``device.driver``
+  with the driver's name, as the chart's DeviceClass does). A cluster that merely serves
+  ``resource.k8s.io/v1`` is not using DRA for HCAs.
+- A node whose plugin pod is ready must then have a slice; a node has at most one slice
+  (one pool); a slice naming a node that does not exist is stale; a tainted or
+  ``linkState: down`` device is a port down on that node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rdma_hca.daemon.config import DEFAULT_DRA_DRIVER_NAME
+from rdma_hca.tools.doctor.result import Check
+
+DEFAULT_DRIVER = DEFAULT_DRA_DRIVER_NAME
+GROUP = "resource.k8s.io"
+RBAC_FIX = (
+    "kubectl create clusterrole rdma-hca-doctor-dra --verb=list "
+    f"--resource=resourceslices.{GROUP},deviceclasses.{GROUP} && kubectl create "
+    "clusterrolebinding rdma-hca-doctor-dra --clusterrole=rdma-hca-doctor-dra --user=<you>"
+)
+RESYNC_SECONDS = 60  # the driver's resync, which also deletes its node's extra slices
+
+
+@dataclass(frozen=True, slots=True)
+class DraData:
+    """What the API server said about DRA.
+
+    ``slices`` is None when they could not be listed (``available`` False: no
+    resource.k8s.io/v1; ``denied``: RBAC; ``error``: another failure). ``device_classes``
+    holds the names of the DeviceClasses selecting the driver, None when they were not or
+    could not be listed (they are only asked for when no slice exists).
+    """
+
+    driver: str
+    available: bool
+    slices: Sequence[Mapping[str, Any]] | None
+    device_classes: Sequence[str] | None = None
+    denied: str | None = None
+    error: str | None = None  # listing the slices failed otherwise (e.g. HTTP 500)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSlices:
+    """One node's slices of the driver, as the text table and the JSON show them."""
+
+    node: str
+    slices: tuple[str, ...]
+    pools: tuple[str, ...]
+    generation: int | None  # the highest pool generation among them
+    devices: int  # in the current slices (the highest generation of each pool)
+    tainted: int
+    link_down: int
+    ok: bool | None  # None: nothing judged (DRA not in use and no slice)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleSlice:
+    name: str
+    node_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DraReport:
+    driver: str
+    available: bool
+    in_use: bool
+    in_use_because: str | None  # "2 ResourceSlices", "DeviceClass rdma-hca.io"
+    note: str | None  # one line when DRA could not be checked or is not in use
+    nodes: tuple[NodeSlices, ...]
+    stale_slices: tuple[StaleSlice, ...]
+
+
+def selects_driver(device_class: Mapping[str, Any], driver: str) -> bool:
+    """Whether a DeviceClass's CEL selectors compare ``device.driver`` with ``driver``."""
+    quoted = rf"""(?:"{re.escape(driver)}"|'{re.escape(driver)}')"""
+    pattern = re.compile(rf"device\.driver\s*==\s*{quoted}|{quoted}\s*==\s*device\.driver")
+    for selector in (device_class.get("spec") or {}).get("selectors") or []:
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        if isinstance(expression, str) and pattern.search(expression):
+            return True
+    return False
+
+
+def slice_name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _pool(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("spec") or {}).get("pool") or {}
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    value = _pool(obj).get("generation")
+    return value if isinstance(value, int) else 0
+
+
+def by_node(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Slices by ``spec.nodeName``; slices for several nodes (nodeSelector) are left out."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for s in slices:
+        node = (s.get("spec") or {}).get("nodeName")
+        if node:
+            out.setdefault(str(node), []).append(s)
+    return out
+
+
+def _down_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> tuple[
+        list[str], int, int]:
+    """``(descriptions, tainted, link down)`` of the devices of ``slices`` not fit for use."""
+    described: list[str] = []
+    tainted = link_down = 0
+    for s in slices:
+        for device in (s.get("spec") or {}).get("devices") or []:
+            attrs = device.get("attributes") or {}
+            hca = (attrs.get(f"{driver}/hcaName") or attrs.get("hcaName") or {}).get("string")
+            state = (attrs.get(f"{driver}/linkState") or attrs.get("linkState") or {}).get(
+                "string")
+            taints = [str(t.get("key", "")) for t in device.get("taints") or []]
+            down = state == "down"
+            tainted += bool(taints)
+            link_down += down
+            if taints or down:
+                why = [f"tainted {', '.join(taints)}"] if taints else []
+                why += ["linkState down"] if down else []
+                name = str(device.get("name", "?")) + (f" ({hca})" if hca else "")
+                described.append(f"{name} {' and '.join(why)}")
+    return described, tainted, link_down
+
+
+def _current(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The slices the scheduler uses: those at the highest generation of their pool."""
+    top: dict[str, int] = {}
+    for s in slices:
+        name = str(_pool(s).get("name", ""))
+        top[name] = max(top.get(name, 0), _generation(s))
+    return [s for s in slices if _generation(s) == top[str(_pool(s).get("name", ""))]]
+
+
+def judge_node(
+    node: str,
+    slices: Sequence[Mapping[str, Any]],
+    *,
+    driver: str,
+    in_use: bool,
+    pod_ready: bool,
+    logs: str,
+    node_doctor: str,
+) -> tuple[NodeSlices, list[Check]]:
+    """The node's row and its checks. ``logs`` and ``node_doctor`` are the commands a fix
+    line names (the plugin pod's log, ``rdma-hca doctor --node`` on that node)."""
+    title = "ResourceSlice"
+    names = tuple(sorted(slice_name(s) for s in slices))
+    pools = tuple(sorted({str(_pool(s).get("name", "")) for s in slices}))
+    current = _current(slices)
+    described, tainted, link_down = _down_devices(current, driver)
+    devices = sum(len((s.get("spec") or {}).get("devices") or []) for s in current)
+    generation = max((_generation(s) for s in slices), default=None)
+    checks: list[Check] = []
+    if not slices:
+        if in_use and pod_ready:
+            checks.append(Check(
+                node, title, False,
+                f"none of driver {driver} although DRA is in use and the plugin pod is ready",
+                f"is dra.enabled set in the daemon's config? the driver publishes its slice "
+                f"once the kubelet registered it: {logs}, and {node_doctor}",
+            ))
+    else:
+        if len(slices) > 1:
+            keep = max(slices, key=lambda s: (_pool(s).get("name") == node, _generation(s)))
+            extra = " ".join(sorted(slice_name(s) for s in slices if s is not keep))
+            checks.append(Check(
+                node, title, False,
+                f"{len(slices)} slices ({', '.join(names)}) in {len(pools)} pool(s) "
+                f"({', '.join(pools)}): the driver keeps one slice in one pool per node",
+                f"the driver deletes the others within {RESYNC_SECONDS} s; if they stay, read "
+                f"{logs} or delete them: kubectl delete resourceslice {extra}",
+            ))
+        if described:
+            checks.append(Check(
+                node, "DRA devices", False,
+                f"{len(described)} of {devices} down: {'; '.join(described)} (no new claim "
+                "is placed on a tainted device)",
+                f"check the HCA ports on the node: {node_doctor}",
+            ))
+        if not checks:
+            checks.append(Check(
+                node, title, True,
+                f"{names[0]}: pool {pools[0]} generation {generation}, {devices} device(s), "
+                "none tainted or down",
+            ))
+    row = NodeSlices(node, names, pools, generation, devices, tainted, link_down,
+                     all(c.ok for c in checks) if checks else None)
+    return row, checks
+
+
+def in_use(data: DraData) -> tuple[bool, str | None]:
+    if data.slices:
+        return True, f"{len(data.slices)} ResourceSlice(s) of {data.driver}"
+    if data.device_classes:
+        return True, f"DeviceClass {', '.join(sorted(data.device_classes))}"
+    return False, None
+
+
+def note(data: DraData) -> str | None:
+    """One line when DRA cannot be judged or is not in use; None when it is judged."""
+    if not data.available:
+        return (f"DRA is not available on this cluster (the API server does not serve "
+                f"{GROUP}/v1, Kubernetes 1.34 and later do): no ResourceSlices to check")
+    if data.denied is not None:
+        return (f"ResourceSlices not checked: {data.denied}; this needs list on "
+                f"resourceslices.{GROUP} and deviceclasses.{GROUP}, e.g. {RBAC_FIX}")
+    if in_use(data)[0] or data.error is not None:
+        return None
+    if data.device_classes is None:
+        return (f"no ResourceSlice of driver {data.driver}, and DeviceClasses could not be "
+                f"listed (RBAC) to tell whether DRA is in use; that needs list on "
+                f"deviceclasses.{GROUP}, e.g. {RBAC_FIX}")
+    return (f"DRA is not in use for driver {data.driver}: no ResourceSlice of it and no "
+            "DeviceClass selecting it (--dra-driver names another driver)")
+
+
+def stale(data: DraData, nodes: set[str]) -> tuple[StaleSlice, ...]:
+    return tuple(sorted(
+        (StaleSlice(slice_name(s), n) for n, found in by_node(data.slices or []).items()
+         if n not in nodes for s in found),
+        key=lambda st: (st.node_name, st.name)))
+
+
+def stale_check(data: DraData, found: Sequence[StaleSlice], node_count: int) -> Check:
+    title = f"ResourceSlices of {data.driver}"
+    if found:
+        gone = sorted({s.node_name for s in found})
+        return Check(
+            "cluster", title, False,
+            f"{len(found)} stale: they name node(s) that do not exist ({', '.join(gone)})",
+            "no driver is left to delete them: kubectl delete resourceslice "
+            + " ".join(s.name for s in found),
+        )
+    return Check("cluster", title, True,
+                 f"{len(data.slices or [])} slice(s) on {node_count} node(s), none stale")
