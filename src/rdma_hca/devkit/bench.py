@@ -60,6 +60,7 @@ from rdma_hca.devkit.bench_report import (
     report_json,
 )
 from rdma_hca.devkit.bench_trees import LAG_SIZES, step_tree, tree_specs
+from rdma_hca.devkit.dra.bench import DRA_SPECS, dra_figures
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -239,6 +240,12 @@ class Bench:
             await self.guarded(tree_specs(size), self._tree_step(size))
         self.say("hostile load: 20 clients, floods of bad requests, stray streams, 20k IDs")
         await self.guarded(ATTACK_SPECS, self.step_attacks)
+        self.say("DRA: NodePrepareResources, port down → ResourceSlice tainted")
+        await self.guarded(DRA_SPECS, self.step_dra)
+
+    async def step_dra(self) -> None:
+        for figure in await dra_figures(self.plan is QUICK):
+            self.put(figure)
 
     async def step_attacks(self) -> None:
         attacks = self.workdir / "attacks"
@@ -479,7 +486,7 @@ ORDER = [START_SERVE, START_INPROC, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX, DO
 
 def _ordered(figures: dict[str, Figure], sizes: Sequence[int], missing: str) -> list[Figure]:
     specs = [*ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS, IDLE_CPU,
-             *ATTACK_SPECS]
+             *ATTACK_SPECS, *DRA_SPECS]
     return [figures.get(s.key) or s.failed(missing) for s in specs]
 
 

@@ -31,9 +31,15 @@ def simulate(kind: str, directory: str) -> int:
 
 
 def demo(verbose: bool) -> int:
+    """The device plugin walkthrough, then the same node served through DRA."""
     from rdma_hca.devkit.demo import run_demo
+    from rdma_hca.devkit.dra.demo import run_dra_demo
 
-    return run_demo(verbose=verbose)
+    status = run_demo(verbose=verbose)
+    if status:
+        return status
+    print()
+    return run_dra_demo(verbose=verbose)
 
 
 def bench(out_dir: str, quick: bool) -> int:

@@ -26,12 +26,19 @@ from typing import Any
 import grpc
 
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
-from rdma_hca.devkit.bench_report import Figure, Target
+from rdma_hca.daemon.config import Settings
+from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 
 DRIVER = "rdma-hca.io"
 NODE = "bench-node"
+DEFAULT_POLL = Settings().health_poll_seconds
+DRA_PREPARE = Spec("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)", "ms",
+                   baseline_label="bare grpc.aio servicer")
+DRA_PORT_DOWN = Spec("dra_port_down_slice_ms", "port down → slice tainted (max)", "ms",
+                     Target(1000.0))
+DRA_SPECS = [DRA_PREPARE, DRA_PORT_DOWN]
 
 
 class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
@@ -75,8 +82,7 @@ async def prepare_latency(workdir: Path, calls: int) -> Figure:
     async with DraStage(node, workdir / "stage", node_name=NODE) as stage:
         assert stage.kubelet is not None
         if not await stage.registered():
-            return Figure("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)", "ms",
-                          None, note="the driver did not register")
+            return DRA_PREPARE.failed("the driver did not register")
         samples: list[float] = []
         last: Any = None
         for i in range(calls):
@@ -86,12 +92,11 @@ async def prepare_latency(workdir: Path, calls: int) -> Figure:
             last = await stage.kubelet.prepare(DRIVER, [("bench", uid, f"c{i}")])
             samples.append(time.perf_counter() - start)
             if last.claims[uid].error:
-                return Figure("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)",
-                              "ms", None, note=f"prepare failed: {last.claims[uid].error}")
+                return DRA_PREPARE.failed(f"prepare failed: {last.claims[uid].error}")
             await stage.kubelet.unprepare(DRIVER, [("bench", uid, f"c{i}")])
         bare = await _bare_latency(last, calls, stage.root)
-    return Figure("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)", "ms",
-                  _p50_ms(samples), baseline=bare, baseline_label="bare grpc.aio servicer",
+    return DRA_PREPARE.figure(
+                  _p50_ms(samples), bare,
                   note=f"{calls} claims: claim read over HTTP, CDI spec and checkpoint written; "
                        "in-process")
 
@@ -102,10 +107,10 @@ def _tainted(stage: DraStage, device: str, wanted: bool) -> Callable[[], bool]:
 
 async def port_down_latency(workdir: Path, runs: int) -> Figure:
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=16)
-    async with DraStage(node, workdir / "stage", node_name=NODE) as stage:
+    async with DraStage(node, workdir / "stage", node_name=NODE,
+                        poll_seconds=DEFAULT_POLL) as stage:
         if not await stage.until(lambda: bool(stage.devices())):
-            return Figure("dra_port_down_slice_ms", "port down -> slice tainted (max)", "ms",
-                          None, note="no slice was published")
+            return DRA_PORT_DOWN.failed("no slice was published")
         samples: list[float] = []
         for i in range(runs):
             hca = f"mlx5_{i % 8}"
@@ -113,18 +118,17 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
             start = time.perf_counter()
             node.set_port(hca, up=False)
             if not await stage.until(_tainted(stage, device, True), timeout=10):
-                return Figure("dra_port_down_slice_ms", "port down -> slice tainted (max)",
-                              "ms", None, note="the slice never changed")
+                return DRA_PORT_DOWN.failed("the slice never changed")
             samples.append(time.perf_counter() - start)
             node.set_port(hca, up=True)
             await stage.until(_tainted(stage, device, False), timeout=10)
-    return Figure("dra_port_down_slice_ms", "port down -> slice tainted (max)", "ms",
-                  round(max(samples) * 1000, 1), target=Target(1000.0),
-                  note=f"{runs} runs, 50 ms health poll, slice written over HTTP; "
-                       f"p50 {_p50_ms(samples)} ms")
+    return DRA_PORT_DOWN.figure(
+        round(max(samples) * 1000, 1),
+        note=f"{runs} runs at the daemon's default health poll ({DEFAULT_POLL:g} s), slice "
+             f"written over HTTP to the fake API server; p50 {_p50_ms(samples)} ms")
 
 
-async def _run(quick: bool) -> list[Figure]:
+async def dra_figures(quick: bool) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-bench-") as tmp:
         return [
             await prepare_latency(Path(tmp) / "prepare", 30 if quick else 300),
@@ -134,4 +138,4 @@ async def _run(quick: bool) -> list[Figure]:
 
 def run_dra_bench(quick: bool = False) -> list[Figure]:
     """The DRA figures, for the benchmark report."""
-    return asyncio.run(_run(quick))
+    return asyncio.run(dra_figures(quick))

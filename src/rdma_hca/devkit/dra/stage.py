@@ -31,7 +31,7 @@ class DraStage:
     def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  nccl_env: bool = False, health_retry: float = 0.2,
-                 kubelet_wipes: bool = True,
+                 kubelet_wipes: bool = True, poll_seconds: float = 0.05,
                  config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
         self.node = node
         self.workdir = workdir
@@ -46,6 +46,7 @@ class DraStage:
         self._tune = config
         self._health_retry = health_retry
         self._kubelet_wipes = kubelet_wipes
+        self._poll_seconds = poll_seconds
         self.kubelet: DraKubelet | None = None
         self.driver: DraDriver | None = None
         self.watcher: HealthWatcher | None = None
@@ -90,7 +91,7 @@ class DraStage:
         driver = DraDriver(self.config())
         reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
         watcher = HealthWatcher([], reader, str(self.node.sysfs_root), str(self.node.dev_root),
-                                poll_seconds=0.05, deadline=5.0, events=None,
+                                poll_seconds=self._poll_seconds, deadline=5.0, events=None,
                                 on_inventory=driver.update)
         inventory = await watcher.refresh()
         await driver.start(inventory)
