@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,7 +33,14 @@ async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletEmulator]:
     k = KubeletEmulator(plugin_dir)
     await k.start()
     yield k
-    await k.stop()
+    stopping = asyncio.ensure_future(k.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=20.0)
+    if not done:
+        # Say where it is stuck before the run's timeout ends it without a word.
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.stderr)
+        raise AssertionError("the kubelet emulator did not stop within 20 s (stacks above)")
+    stopping.result()
 
 
 @pytest.fixture

@@ -2,38 +2,10 @@
 
 Nothing here is imported by the daemon's serving path: these modules only write
 trees shaped like a real node's ``/sys`` and ``/dev`` so the real code can read them.
+The catalogue is ``nodes``; its names are the package's.
 """
 
-from rdma_hca.devkit.sim.nodes import (
-    GpuSpec,
-    HcaSpec,
-    PortSpec,
-    SimNode,
-    broken_nodes,
-    build_node,
-    erdma_node,
-    gpu_node,
-    hostile_nodes,
-    infiniband_node,
-    mlx4_infiniband_node,
-    mlx5_roce_bond_node,
-    no_rdma_node,
-    soft_roce_node,
-)
+from rdma_hca.devkit.sim import nodes
+from rdma_hca.devkit.sim.nodes import *  # noqa: F403
 
-__all__ = [
-    "GpuSpec",
-    "HcaSpec",
-    "PortSpec",
-    "SimNode",
-    "broken_nodes",
-    "build_node",
-    "erdma_node",
-    "gpu_node",
-    "hostile_nodes",
-    "infiniband_node",
-    "mlx4_infiniband_node",
-    "mlx5_roce_bond_node",
-    "no_rdma_node",
-    "soft_roce_node",
-]
+__all__ = nodes.__all__
