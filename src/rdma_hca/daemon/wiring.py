@@ -8,7 +8,6 @@ daemon only through :meth:`Daemon.status`, a frozen snapshot.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -36,8 +35,23 @@ from rdma_hca.node.roce import ipv6_missing
 log = logging.getLogger("rdma_hca.daemon")
 
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
+STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
 CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
+
+
+async def _settle(tasks: list[asyncio.Task[Any]] | list[asyncio.Future[Any]], what: str) -> None:
+    """Wait up to STOP_STEP for ``tasks`` to end; name the ones that did not."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(set(tasks), timeout=STOP_STEP)
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            log.debug("while stopping %s: %r", what, t.exception())
+    if pending:
+        log.error("stopping %s took over %g s; left running: %s", what, STOP_STEP,
+                  "; ".join(_describe(t) if isinstance(t, asyncio.Task) else repr(t)
+                            for t in pending))
 
 
 def _describe(task: asyncio.Task[Any]) -> str:
@@ -245,26 +259,30 @@ class Daemon:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
 
     async def stop(self) -> None:
-        """Stop every task and close every server, whatever state they are in."""
+        """Stop every task and close every server, whatever state they are in.
+
+        Each step gets STOP_STEP seconds: one that does not finish (a gRPC shutdown or a
+        task that never ends) is named in the log and left, so a stop always returns and
+        the steps after it still close their servers.
+        """
         self.supervisor.stopping()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            await self.lifecycle.stop()
-        except Exception:
-            # A lifecycle task that died re-raises here; its servers must still go.
+        await _settle(tasks, "the daemon's tasks")
+        lifecycle = asyncio.ensure_future(self.lifecycle.stop())
+        await _settle([lifecycle], "the kubelet lifecycle")
+        if not lifecycle.done() or lifecycle.cancelled() or lifecycle.exception() is not None:
+            # A lifecycle task that died re-raises in its stop; its servers must still go.
             for server in list(self.lifecycle.servers.values()):
-                with contextlib.suppress(Exception):
-                    await server.stop()
+                await _settle([asyncio.ensure_future(server.stop())], f"the {server.path} server")
             self.lifecycle.servers.clear()
-        finally:
-            if self.dra is not None:
-                await self.dra.stop()
-            if self.http is not None:
-                await self.http.stop()
-                self.http = None
+            self.lifecycle.remove_sockets()
+        if self.dra is not None:
+            await _settle([asyncio.ensure_future(self.dra.stop())], "the DRA driver")
+        if self.http is not None:
+            await _settle([asyncio.ensure_future(self.http.stop())], "the HTTP server")
+            self.http = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True)."""

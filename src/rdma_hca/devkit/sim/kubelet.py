@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -165,7 +166,7 @@ class KubeletEmulator(PodAdmission):
         """
         server, self._server = self._server, None
         if server is not None:
-            await server.stop(None)
+            await _bounded(asyncio.ensure_future(server.stop(None)), "stopping the kubelet server")
         for resource in self._resources.values():
             endpoint, resource.endpoint = resource.endpoint, None
             resource.usable = False
@@ -409,9 +410,9 @@ class KubeletEmulator(PodAdmission):
         reader = endpoint.reader
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-        await endpoint.channel.close(None)
+            await _bounded(reader, f"the ListAndWatch reader of {endpoint.resource}")
+        await _bounded(asyncio.ensure_future(endpoint.channel.close(None)),
+                       f"closing the channel to {endpoint.target}")
 
     # -- ListAndWatch ------------------------------------------------------------------
 
@@ -499,3 +500,18 @@ class KubeletEmulator(PodAdmission):
             f"({reason}) and disconnected the current registration at {current.target}; all "
             f"{len(state.devices)} devices marked unhealthy until the plugin registers again"
         )
+
+
+CLOSE_WAIT = 5.0
+
+
+async def _bounded(future: asyncio.Future[Any], what: str) -> None:
+    """Wait for a closing step, but never forever: a test harness that hangs in its teardown
+    hides the failure it was there to show. A step still running is named and left."""
+    done, _ = await asyncio.wait({future}, timeout=CLOSE_WAIT)
+    if not done:
+        print(f"kubelet emulator: {what} did not finish within {CLOSE_WAIT:g} s; left running",
+              file=sys.stderr)
+        return
+    with contextlib.suppress(asyncio.CancelledError):
+        future.result()
