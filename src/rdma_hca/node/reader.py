@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -60,11 +61,47 @@ DEFAULT_DEADLINE = 5.0
 """Seconds one call may take before the read it waits on is given up."""
 
 
+class _Workers:
+    """Daemon threads that are kept for the next call once they have answered.
+
+    A poll every half second would otherwise start two threads each time, which is most
+    of an idle daemon's CPU. A thread stuck in a read never comes back to the pool, so
+    the next call starts a fresh one: a stuck file costs one thread, as before.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[tuple[Callable[[], None], str]]] = []
+
+    def submit(self, target: Callable[[], None], name: str) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            box = inbox
+            try:
+                threading.Thread(target=lambda: self._serve(box), name=IDLE_NAME,
+                                 daemon=True).start()
+            except RuntimeError as err:  # "can't start new thread": out of threads or memory
+                raise DiscoveryFailed(f"discovery ran out of threads ({err})") from err
+        inbox.put((target, name))
+
+    def _serve(self, inbox: queue.SimpleQueue[tuple[Callable[[], None], str]]) -> None:
+        me = threading.current_thread()
+        while True:
+            target, me.name = inbox.get()
+            target()
+            me.name = IDLE_NAME  # named after its job only while it works on it
+            with self._lock:
+                self._idle.append(inbox)
+
+
+IDLE_NAME = "rdma-hca-reader-idle"
+_WORKERS = _Workers()
+
+
 def _start_thread(target: Callable[[], None], name: str) -> None:
-    try:
-        threading.Thread(target=target, name=name, daemon=True).start()
-    except RuntimeError as err:  # "can't start new thread": out of threads or memory
-        raise DiscoveryFailed(f"discovery ran out of threads ({err})") from err
+    _WORKERS.submit(target, name)
 
 
 class _Attempt:
