@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.registry import Collector
 
 from rdma_hca.daemon.metrics import CONTENT_TYPE, render
+from rdma_hca.daemon.port_metrics import PortText
 from rdma_hca.daemon.status import Status
 
 log = logging.getLogger("rdma_hca.metrics")
@@ -60,6 +61,7 @@ class MetricsServer:
         self._active = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._ports = PortText()
 
     @property
     def bound_port(self) -> int:
@@ -93,7 +95,7 @@ class MetricsServer:
             if self.on_scrape is not None:
                 self.on_scrape()
             body = await asyncio.to_thread(render, self.status(), self.collectors,
-                                           self.rejected)
+                                           self.rejected, self._ports)
             return 200, CONTENT_TYPE, body
         if path == "/healthz":
             alive = self.status().liveness(time.time())

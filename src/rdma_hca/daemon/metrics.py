@@ -3,8 +3,9 @@
 Gauges and counters are derived from the status snapshot at scrape time, so the
 metrics never hold a second copy of the state that could drift from what the kubelet
 is told. Port counters come from the health loop's cache (read off the event loop),
-never from sysfs at scrape time. The names are a contract with the chart's alerts and
-dashboard: change them only together.
+never from sysfs at scrape time; the per-port families, most of the text, are written
+by ``port_metrics`` and kept between scrapes. The names are a contract with the chart's
+alerts and dashboard: change them only together.
 """
 
 from __future__ import annotations
@@ -17,21 +18,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from rdma_hca.daemon.port_metrics import PortText
 from rdma_hca.daemon.status import Status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PORT_STATES = ("ACTIVE", "DOWN", "INIT", "ARMED", "ACTIVE_DEFER", "UNKNOWN")
-# sysfs counter -> (metric, scale). The data counters count 4-byte words (IB spec).
-COUNTERS = {
-    "port_rcv_data": ("rdma_hca_port_receive_bytes_total", 4),
-    "port_xmit_data": ("rdma_hca_port_transmit_bytes_total", 4),
-    "port_rcv_packets": ("rdma_hca_port_receive_packets_total", 1),
-    "port_xmit_packets": ("rdma_hca_port_transmit_packets_total", 1),
-    "port_rcv_errors": ("rdma_hca_port_receive_errors_total", 1),
-    "port_xmit_discards": ("rdma_hca_port_transmit_discards_total", 1),
-    "link_downed": ("rdma_hca_port_link_downed_total", 1),
-}
-BYTES_PER_GBIT = 1e9 / 8
 
 
 def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
@@ -39,20 +29,32 @@ def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFa
     return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
 
 
-class StatusCollector(Collector):
-    """Every family derived from one snapshot (plus what the HTTP server counts)."""
+class _Families(Collector):
+    """The families of one snapshot that come before the per-port ones, or after them."""
 
-    def __init__(self, status: Status, http_rejected: int = 0) -> None:
+    def __init__(self, status: Status, *, before_ports: bool, http_rejected: int = 0) -> None:
         self.status = status
+        self.before_ports = before_ports
         self.http_rejected = http_rejected
 
     def collect(self) -> Iterator[Metric]:
         s = self.status
-        info = GaugeMetricFamily("rdma_hca_build_info", "Build information",
-                                 labels=["version"])
-        info.add_metric([s.version], 1.0)
-        yield info
-        yield from self._node(s)
+        if self.before_ports:
+            info = GaugeMetricFamily("rdma_hca_build_info", "Build information",
+                                     labels=["version"])
+            info.add_metric([s.version], 1.0)
+            yield info
+            g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",
+                                  labels=["usable"])
+            g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
+            g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
+            yield g
+            return
+        ipv6 = GaugeMetricFamily(
+            "rdma_hca_ipv6_ready",
+            "1 when every RoCE HCA has a global IPv6 RoCE v2 GID (non-hostNetwork RDMA works)")
+        ipv6.add_metric([], 1.0 if s.ipv6_ready else 0.0)
+        yield ipv6
         yield from self._pools(s)
         yield from self._daemon(s)
         yield from self._dra(s)
@@ -77,48 +79,6 @@ class StatusCollector(Collector):
                                       "while publishing it fails")
         published.add_metric([], 0.0 if s.dra.publish_error else 1.0)
         yield published
-
-    def _node(self, s: Status) -> Iterator[Metric]:
-        g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",
-                              labels=["usable"])
-        g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
-        g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
-        yield g
-        up = GaugeMetricFamily("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp",
-                               labels=["hca", "port", "link_layer"])
-        state = GaugeMetricFamily("rdma_hca_port_state", "1 for the port's current state",
-                                  labels=["hca", "port", "state"])
-        rate = GaugeMetricFamily("rdma_hca_port_rate_bytes_per_second",
-                                 "Port rate in bytes per second", labels=["hca", "port"])
-        changes = _counter("rdma_hca_port_state_changes_total",
-                           "Up/down transitions of the port seen by the daemon", ["hca", "port"])
-        counters = {name: _counter(metric, f"Port counter {name} from sysfs", ["hca", "port"])
-                    for name, (metric, _) in COUNTERS.items()}
-        for h in s.hcas:
-            for p in h.ports:
-                key = (h.name, p.number)
-                labels = [h.name, str(p.number)]
-                up.add_metric([*labels, p.link_layer.value], 1.0 if p.is_up else 0.0)
-                known = p.state if p.state in PORT_STATES else "UNKNOWN"
-                for st in PORT_STATES:
-                    state.add_metric([*labels, st], 1.0 if known == st else 0.0)
-                if p.rate_gbps is not None:
-                    rate.add_metric(labels, p.rate_gbps * BYTES_PER_GBIT)
-                changes.add_metric(labels, s.state_changes.get(key, 0))
-                values = s.counters.get(key, {})
-                for name, (_, scale) in COUNTERS.items():
-                    if name in values:
-                        counters[name].add_metric(labels, values[name] * scale)
-        yield up
-        yield state
-        yield rate
-        yield changes
-        yield from counters.values()
-        ipv6 = GaugeMetricFamily(
-            "rdma_hca_ipv6_ready",
-            "1 when every RoCE HCA has a global IPv6 RoCE v2 GID (non-hostNetwork RDMA works)")
-        ipv6.add_metric([], 1.0 if s.ipv6_ready else 0.0)
-        yield ipv6
 
     def _pools(self, s: Status) -> Iterator[Metric]:
         total = GaugeMetricFamily("rdma_hca_pool_devices", "Devices advertised to the kubelet",
@@ -178,11 +138,16 @@ class StatusCollector(Collector):
 _PROCESS = ProcessCollector(registry=None)
 
 
-def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int = 0) -> bytes:
-    """The exposition text of one snapshot; pure, so it may run on any thread."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(status, http_rejected))
-    registry.register(_PROCESS)
+def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int = 0,
+           ports: PortText | None = None) -> bytes:
+    """The exposition text of one snapshot; pure, so it may run on any thread. Pass the
+    same ``ports`` to every call to keep the per-port text between scrapes."""
+    before = CollectorRegistry(auto_describe=False)
+    before.register(_Families(status, before_ports=True))
+    after = CollectorRegistry(auto_describe=False)
+    after.register(_Families(status, before_ports=False, http_rejected=http_rejected))
+    after.register(_PROCESS)
     for c in extra:
-        registry.register(c)
-    return generate_latest(registry)
+        after.register(c)
+    port_text = (ports or PortText()).get(status.hcas, status.counters, status.state_changes)
+    return generate_latest(before) + port_text + generate_latest(after)
