@@ -16,7 +16,7 @@ from test_daemon import R, make_settings
 from test_serve_process import http_get
 
 from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.machine import PortStates
+from rdma_hca.daemon.machine import Glance
 from rdma_hca.daemon.status import Status
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
@@ -26,16 +26,16 @@ from rdma_hca.node.reader import NodeReader
 
 
 class HeldReader(NodeReader):
-    """The real reader, whose port-state reads can be made to wait (without a deadline)."""
+    """The real reader, whose health-poll reads can be made to wait (without a deadline)."""
 
     def __init__(self, node: SimNode) -> None:
         super().__init__(node.sysfs_root, node.dev_root, deadline=5.0)
         self.go = asyncio.Event()
         self.go.set()
 
-    async def port_states(self) -> PortStates:
+    async def glance(self) -> Glance:
         await self.go.wait()
-        return await super().port_states()
+        return await super().glance()
 
 
 async def boom() -> None:

@@ -245,3 +245,45 @@ async def test_a_thread_given_up_on_stops_instead_of_hanging_on_the_next_file(
     # where a thread already hangs.
     _wait_until(lambda: _hung("rdma-hca-discover") == 1, "the released thread to stop")
     assert reader.stuck == frozenset({_abs(node, second)})
+
+
+async def test_glance_reads_the_listings_and_every_port_state_in_one_call(
+        node: sim.SimNode) -> None:
+    reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    glance = await reader.glance()
+    names, verbs, mad, dev = glance.listings
+    assert names == ("mlx5_0", "mlx5_1")
+    assert verbs == tuple(sorted(os.listdir(node.sysfs_root / "class" / "infiniband_verbs")))
+    assert mad == tuple(sorted(os.listdir(node.sysfs_root / "class" / "infiniband_mad")))
+    assert dev == tuple(sorted(os.listdir(node.dev_root / "infiniband")))
+    assert glance.states == await reader.port_states()
+    node.set_port("mlx5_1", 1, up=False)
+    assert (await reader.glance()).states[("mlx5_1", 1)][0] == "DOWN"
+    # A stuck state file: the call still returns, with that HCA unknown.
+    node.replace_with_fifo("class/infiniband/mlx5_0/ports/1/state")
+    stuck = await reader.glance()
+    assert stuck.states[("mlx5_0", 1)] == (UNKNOWN, UNKNOWN)
+    assert stuck.listings == glance.listings
+    assert reader.stalls_total == 1
+
+
+async def test_an_async_call_needs_no_second_thread_to_watch_the_first(
+        node: sim.SimNode) -> None:
+    reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    await reader.port_states()  # a worker exists from now on
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    threading.Thread.start = counting_start  # type: ignore[method-assign]
+    try:
+        for _ in range(20):
+            await reader.port_states()
+            await reader.glance()
+    finally:
+        threading.Thread.start = real_start  # type: ignore[method-assign]
+    # Each call hands its reads to a worker that answered before; the loop watches it.
+    assert started == []

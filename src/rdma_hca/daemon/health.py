@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -34,6 +33,7 @@ from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.node import netlink
 from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.reads import ReadStalled
 
 log = logging.getLogger("rdma_hca.health")
 
@@ -44,13 +44,6 @@ COALESCE_SECONDS = 0.3  # link events closer than this make one re-read
 SETTLE_SECONDS = 0.5  # the full re-read after a port change waits for this much quiet
 COUNTER_SECONDS = 5.0  # how often the counter cache is re-read while someone scrapes
 SCRAPE_IDLE_SECONDS = 300.0  # after this long without a scrape, counters are not re-read
-
-
-def _names(path: str) -> tuple[str, ...]:
-    try:
-        return tuple(sorted(os.listdir(path)))
-    except OSError:
-        return ()
 
 
 async def _netlink_events() -> AsyncIterator[netlink.NetdevEvent]:
@@ -79,8 +72,6 @@ class HealthWatcher:
         self,
         runtimes: Sequence[PoolRuntime],
         reader: MachineReader,
-        sysfs_root: str,
-        dev_root: str,
         *,
         poll_seconds: float,
         deadline: float,
@@ -90,8 +81,6 @@ class HealthWatcher:
     ) -> None:
         self.runtimes = list(runtimes)
         self.reader = reader
-        self.sysfs_root = sysfs_root
-        self.dev_root = dev_root
         self.poll_seconds = poll_seconds
         self.full_seconds = full_seconds
         self.events = events
@@ -128,29 +117,17 @@ class HealthWatcher:
         """Someone read the counters: keep the cache fresh (counters cost many reads)."""
         self._scraped_at = asyncio.get_running_loop().time()
 
-    async def _listings(self) -> tuple[tuple[str, ...], ...]:
-        def work() -> tuple[tuple[str, ...], ...]:
-            return (
-                _names(os.path.join(self.sysfs_root, "class", "infiniband")),
-                _names(os.path.join(self.sysfs_root, "class", "infiniband_verbs")),
-                _names(os.path.join(self.sysfs_root, "class", "infiniband_mad")),
-                _names(os.path.join(self.dev_root, "infiniband")),
-            )
-
-        return await self.offloop.run("the listing of class/infiniband and /dev/infiniband",
-                                      work)
-
     async def fingerprint(self) -> Fingerprint:
-        names, verbs, mad, dev = await self._listings()
-        states = await self.reader.port_states()
-        return (names, tuple(sorted(states.items())), verbs, mad, dev,
+        glance = await self.reader.glance()
+        names, verbs, mad, dev = glance.listings
+        return (names, tuple(sorted(glance.states.items())), verbs, mad, dev,
                 tuple(sorted(self.reader.stuck)))
 
     async def _fingerprint_or_none(self) -> Fingerprint:
         """The fingerprint, or () when it cannot be read now (stuck, or out of fds)."""
         try:
             return await self.fingerprint()
-        except Stalled:
+        except (Stalled, ReadStalled):
             return ()
         except Exception as exc:
             if failure_reason(exc) is None:

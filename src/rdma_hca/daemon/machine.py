@@ -11,12 +11,14 @@ import errno
 from typing import Protocol
 
 from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.reader import Glance
 from rdma_hca.node.reads import DiscoveryFailed
 
 PortStates = dict[tuple[str, int], tuple[str, str]]
 PortCounters = dict[tuple[str, int], dict[str, int]]
 
-__all__ = ["DiscoveryFailed", "MachineReader", "PortCounters", "PortStates", "failure_reason"]
+__all__ = ["DiscoveryFailed", "Glance", "MachineReader", "PortCounters", "PortStates",
+           "failure_reason"]
 
 
 class MachineReader(Protocol):
@@ -29,6 +31,8 @@ class MachineReader(Protocol):
     async def discover(self) -> NodeInventory: ...
 
     async def port_states(self) -> PortStates: ...
+
+    async def glance(self) -> Glance: ...
 
     async def port_counters(self) -> PortCounters: ...
 

@@ -85,8 +85,6 @@ class Daemon:
         self.health = HealthWatcher(
             self.runtimes,
             self.reader,
-            settings.sysfs_root,
-            settings.dev_root,
             poll_seconds=settings.health_poll_seconds,
             deadline=self.read_deadline,
             on_inventory=self._on_inventory,

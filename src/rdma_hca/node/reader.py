@@ -1,8 +1,10 @@
 """Reading the machine off the event loop, each call within a deadline.
 
 A sysfs read can hang in a driver (mlx5 waiting on stuck firmware) and nothing can
-interrupt it. So every call here runs its reads in a thread of its own and a supervisor
-watches that thread (``node.reads.Watch``):
+interrupt it. So every call here runs its reads in a thread of its own, and whoever waits
+for the answer watches that thread (``node.reads.Watch``): the event loop itself for the
+daemon's calls, which costs one thread hand-off a call, the calling thread for the
+tools'.
 
 - A read that passes the deadline is given up: its path is remembered as stuck, its
   thread is left to hang (a daemon thread, so it never holds up interpreter exit) and
@@ -31,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,6 +44,7 @@ from rdma_hca.node.reads import (
     Abandoned,
     DiscoveryFailed,
     GuardedReads,
+    ReadStalled,
     StuckFiles,
     Watch,
 )
@@ -52,28 +56,43 @@ from rdma_hca.node.sysfs import (
 )
 from rdma_hca.node.walk import StrPath
 
-__all__ = ["DEFAULT_DEADLINE", "DiscoveryFailed", "NodeReader", "discover_bounded"]
+__all__ = ["DEFAULT_DEADLINE", "DiscoveryFailed", "Glance", "NodeReader", "ReadStalled",
+           "discover_bounded"]
 
 T = TypeVar("T")
+PortCounters = dict[tuple[str, int], dict[str, int]]
 log = logging.getLogger("rdma_hca.node.reader")
 
 DEFAULT_DEADLINE = 5.0
 """Seconds one call may take before the read it waits on is given up."""
 
 
+@dataclass(frozen=True, slots=True)
+class Glance:
+    """What the daemon's health poll compares from one pass to the next, read in one call:
+    the entries of ``class/infiniband``, ``class/infiniband_verbs``,
+    ``class/infiniband_mad`` and ``/dev/infiniband`` (sorted), and every port's state."""
+
+    listings: tuple[tuple[str, ...], ...]
+    states: PortStates
+
+
 class _Workers:
     """Daemon threads that are kept for the next call once they have answered.
 
-    A poll every half second would otherwise start two threads each time, which is most
-    of an idle daemon's CPU. A thread stuck in a read never comes back to the pool, so
-    the next call starts a fresh one: a stuck file costs one thread, as before.
+    A poll every half second would otherwise start a thread each time, which is most of
+    an idle daemon's CPU. A thread stuck in a read never comes back to the pool, so the
+    next call starts a fresh one: a stuck file costs one thread, as before. A job's
+    ``then`` runs once its thread is back in the pool, so whoever it wakes finds the
+    thread free for its next call.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[tuple[Callable[[], None], str]]] = []
+        self._idle: list[queue.SimpleQueue[_Job]] = []
 
-    def submit(self, target: Callable[[], None], name: str) -> None:
+    def submit(self, target: Callable[[], None], name: str,
+               then: Callable[[], None] | None = None) -> None:
         with self._lock:
             inbox = self._idle.pop() if self._idle else None
         if inbox is None:
@@ -84,117 +103,163 @@ class _Workers:
                                  daemon=True).start()
             except RuntimeError as err:  # "can't start new thread": out of threads or memory
                 raise DiscoveryFailed(f"discovery ran out of threads ({err})") from err
-        inbox.put((target, name))
+        inbox.put((target, name, then))
 
-    def _serve(self, inbox: queue.SimpleQueue[tuple[Callable[[], None], str]]) -> None:
+    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
         me = threading.current_thread()
         while True:
-            target, me.name = inbox.get()
+            target, me.name, then = inbox.get()
             target()
             me.name = IDLE_NAME  # named after its job only while it works on it
             with self._lock:
                 self._idle.append(inbox)
+            if then is not None:
+                then()
 
 
+_Job = tuple[Callable[[], None], str, "Callable[[], None] | None"]
 IDLE_NAME = "rdma-hca-reader-idle"
 _WORKERS = _Workers()
 
 
-def _start_thread(target: Callable[[], None], name: str) -> None:
-    _WORKERS.submit(target, name)
+def _start_thread(target: Callable[[], None], name: str,
+                  then: Callable[[], None] | None = None) -> None:
+    _WORKERS.submit(target, name, then)
 
 
 class _Attempt:
     """One thread running ``job`` with its own Watch; the result or error lands here."""
 
-    def __init__(self, job: Callable[[GuardedReads], T], stuck: StuckFiles) -> None:
+    def __init__(self, job: Callable[[GuardedReads], T], stuck: StuckFiles,
+                 on_done: Callable[[], None] | None = None) -> None:
         self.reads = GuardedReads(stuck)
         self.done = threading.Event()
         self.result: object = None
         self.error: BaseException | None = None
+        self.abandoned = False
         self._job = job
+        self._on_done = on_done
 
     def run(self) -> None:
         try:
             self.result = self._job(self.reads)
         except Abandoned:
-            return  # given up on: nobody waits for this result any more
+            self.abandoned = True  # given up on: nobody waits for this result any more
         except MemoryError as err:
             self.error = DiscoveryFailed("discovery ran out of memory")
             self.error.__cause__ = err
         except BaseException as err:  # handed to the supervisor, which re-raises it
             self.error = err
+
+    def start(self, name: str) -> None:
+        _start_thread(self.run, name, then=self._finish)
+
+    def _finish(self) -> None:
+        if self.abandoned:
+            return
         self.done.set()
+        if self._on_done is not None:
+            self._on_done()
+
+    def outcome(self) -> tuple[T, list[str]]:
+        if self.error is not None:
+            raise self.error
+        return self.result, self.reads.stalled  # type: ignore[return-value]
+
+
+class _Overseer:
+    """Watches the attempts of one call and says when the read one is in has hung.
+
+    Whoever waits for the call asks :meth:`hung` every :attr:`poll` seconds; a read that
+    has not moved on for the deadline (or, once the call itself is past its deadline,
+    for a short grace) is given up.
+    """
+
+    def __init__(self, stuck: StuckFiles, deadline: float, log_stalls: bool) -> None:
+        self.stuck = stuck
+        self.deadline = deadline
+        self.log_stalls = log_stalls
+        self.grace = min(deadline, max(0.25, deadline / 10))
+        self.poll = max(0.005, min(deadline / 8, 0.1))
+        self.started = time.monotonic()
+        self._watch = Watch()
+        self._seen = (0, "", "")
+        self._since = self.started
+
+    def follow(self, attempt: _Attempt) -> None:
+        self._watch = attempt.reads.watch
+        self._seen = (self._watch.seq, self._watch.base, self._watch.entry)
+        self._since = time.monotonic()
+
+    def hung(self) -> bool:
+        """True when the current read was given up (start a fresh attempt then)."""
+        watch, seen = self._watch, self._seen
+        now = time.monotonic()
+        if watch.seq != seen[0] or watch.base is not seen[1] or watch.entry is not seen[2]:
+            self._seen, self._since = (watch.seq, watch.base, watch.entry), now
+            return False
+        waited = now - self._since
+        limit = self.grace if now - self.started >= self.deadline else self.deadline
+        if waited < limit:
+            return False
+        path = self.stuck.give_up(watch, seen)
+        if path is None:  # it moved on meanwhile
+            self._seen, self._since = (watch.seq, watch.base, watch.entry), now
+            return False
+        # Once per stall: no second read of the path starts while this hangs.
+        if self.log_stalls:
+            log.warning("sysfs: %s did not answer in %.1f s (read deadline %g s); its HCA's "
+                        "state is unknown until it does (reads of it answer 'unknown' at "
+                        "once meanwhile)", printable(path), waited, self.deadline)
+        return True
 
 
 def _supervise(
     job: Callable[[GuardedReads], T], stuck: StuckFiles, deadline: float, name: str,
     *, log_stalls: bool = True,
 ) -> tuple[T, list[str]]:
-    """Run ``job`` until an attempt finishes; returns its result and the paths it was
-    refused because they were stuck (its ``reads.stalled``)."""
-    grace = min(deadline, max(0.25, deadline / 10))
-    poll = max(0.005, min(deadline / 8, 0.1))
-    started = time.monotonic()
+    """Run ``job`` until an attempt finishes, waiting in this thread; returns its result
+    and the paths it was refused because they were stuck (its ``reads.stalled``)."""
+    overseer = _Overseer(stuck, deadline, log_stalls)
     while True:
         attempt = _Attempt(job, stuck)
-        _start_thread(attempt.run, name)
-        watch: Watch = attempt.reads.watch
-        seen = (watch.seq, watch.base, watch.entry)
-        since = time.monotonic()
-        gave_up = False
-        while not attempt.done.wait(poll):
-            now = time.monotonic()
-            current = (watch.seq, watch.base, watch.entry)
-            if current[0] != seen[0] or current[1] is not seen[1] or current[2] is not seen[2]:
-                seen, since = current, now
-                continue
-            waited = now - since
-            limit = grace if now - started >= deadline else deadline
-            if waited >= limit:
-                path = stuck.give_up(watch, seen)
-                if path is not None:
-                    # Once per stall: no second read of the path starts while this hangs.
-                    if log_stalls:
-                        log.warning("sysfs: %s did not answer in %.1f s (read deadline %g s); "
-                                    "its HCA's state is unknown until it does (reads of it "
-                                    "answer 'unknown' at once meanwhile)",
-                                    printable(path), waited, deadline)
-                    gave_up = True
-                    break
-                seen, since = (watch.seq, watch.base, watch.entry), now
-        if gave_up:
-            continue
-        if attempt.error is not None:
-            raise attempt.error
-        return attempt.result, attempt.reads.stalled  # type: ignore[return-value]
-
-
-async def _off_loop(fn: Callable[[], T], name: str) -> T:
-    """``fn()`` in a daemon thread of its own; the loop only waits for the answer."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(ok: bool, value: object) -> None:
-        if future.done():
-            return  # the caller was cancelled
-        if ok:
-            future.set_result(value)  # type: ignore[arg-type]
+        attempt.start(name)
+        overseer.follow(attempt)
+        while not attempt.done.wait(overseer.poll):
+            if overseer.hung():
+                break
         else:
-            assert isinstance(value, BaseException)
-            future.set_exception(value)
+            return attempt.outcome()
 
-    def run() -> None:
-        try:
-            outcome: tuple[bool, object] = (True, fn())
-        except BaseException as err:  # delivered to the awaiting task
-            outcome = (False, err)
-        # RuntimeError: the loop closed while we worked, so nobody is waiting.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, *outcome)
 
-    _start_thread(run, name)
-    return await future
+async def _supervise_async(
+    job: Callable[[GuardedReads], T], stuck: StuckFiles, deadline: float, name: str,
+) -> tuple[T, list[str]]:
+    """``_supervise`` with the event loop as the one that waits: one thread per call
+    instead of two, and a call that answers at once costs the loop one wake-up."""
+    loop = asyncio.get_running_loop()
+    overseer = _Overseer(stuck, deadline, True)
+    while True:
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def settle(answered: asyncio.Future[None] = answered) -> None:
+            if not answered.done():  # (cancelled along with the caller)
+                answered.set_result(None)
+
+        def wake(settle: Callable[[], None] = settle) -> None:
+            # RuntimeError: the loop closed while we read, so nobody is waiting.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle)
+
+        attempt = _Attempt(job, stuck, on_done=wake)
+        attempt.start(name)
+        overseer.follow(attempt)
+        while not answered.done():
+            await asyncio.wait((answered,), timeout=overseer.poll)
+            if not answered.done() and overseer.hung():
+                break
+        else:
+            return attempt.outcome()
 
 
 class NodeReader:
@@ -225,35 +290,41 @@ class NodeReader:
         with self._stuck.lock:
             return frozenset(self._stuck.paths)
 
-    # -- sync forms, each run in a worker thread by the async ones ------------------------
+    # -- the jobs, each run in an attempt's thread --------------------------------------
 
-    def discover_sync(self) -> NodeInventory:
-        def job(reads: GuardedReads) -> NodeInventory:
-            return Discovery(self.sysfs_root, self.dev_root, reads).run()
+    def _discovery_job(self, reads: GuardedReads) -> NodeInventory:
+        return Discovery(self.sysfs_root, self.dev_root, reads).run()
 
-        inventory, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-discover",
-                                  log_stalls=self._log_stalls)
-        self.inventory = inventory
-        return inventory
+    def _port_states_job(self, reads: GuardedReads) -> PortStates:
+        return port_states_of(self.sysfs_root, listed_hcas(self.sysfs_root), reads,
+                              self._stuck.owners())
 
-    def port_states_sync(self) -> PortStates:
-        def job(reads: GuardedReads) -> PortStates:
-            return port_states_of(
-                self.sysfs_root, listed_hcas(self.sysfs_root), reads, self._stuck.owners()
-            )
+    def _glance_job(self, reads: GuardedReads) -> Glance:
+        def names(path: str) -> tuple[str, ...]:
+            try:
+                return tuple(sorted(reads.listdir(path)))
+            except ReadStalled:
+                raise
+            except OSError:
+                return ()
 
-        states, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-ports")
-        return states
+        classes = os.path.join(self.sysfs_root, "class")
+        listings = (names(os.path.join(classes, "infiniband")),
+                    names(os.path.join(classes, "infiniband_verbs")),
+                    names(os.path.join(classes, "infiniband_mad")),
+                    names(os.path.join(self.dev_root, "infiniband")))
+        return Glance(listings, self._port_states_job(reads))
 
-    def port_counters_sync(self) -> dict[tuple[str, int], dict[str, int]]:
+    def _port_counters_job(self) -> Callable[[GuardedReads], PortCounters]:
         inventory = self.inventory
-        if inventory is None:
-            return {}
-        wanted = [(h.name, p.number) for h in inventory.hcas for p in h.ports]
-        dirs = {shown: raw for shown, raw in listed_hcas(self.sysfs_root)}
+        wanted = ([] if inventory is None
+                  else [(h.name, p.number) for h in inventory.hcas for p in h.ports])
 
-        def job(reads: GuardedReads) -> dict[tuple[str, int], dict[str, int]]:
-            found: dict[tuple[str, int], dict[str, int]] = {}
+        def job(reads: GuardedReads) -> PortCounters:
+            if not wanted:
+                return {}
+            dirs = {shown: raw for shown, raw in listed_hcas(self.sysfs_root)}
+            found: PortCounters = {}
             for hca, port in wanted:
                 dirname = dirs.get(hca)
                 if dirname is None:
@@ -263,14 +334,31 @@ class NodeReader:
             reads.working_on(None)
             return found
 
-        counters, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-counters")
+        return job
+
+    def _netns_job(self, reads: GuardedReads) -> str | None:
+        return Discovery(self.sysfs_root, os.devnull, reads).netns_mode()
+
+    # -- sync forms, for callers without an event loop (the tools) ----------------------
+
+    def discover_sync(self) -> NodeInventory:
+        inventory, _ = _supervise(self._discovery_job, self._stuck, self.deadline,
+                                  "rdma-hca-discover", log_stalls=self._log_stalls)
+        self.inventory = inventory
+        return inventory
+
+    def port_states_sync(self) -> PortStates:
+        states, _ = _supervise(self._port_states_job, self._stuck, self.deadline,
+                               "rdma-hca-ports")
+        return states
+
+    def port_counters_sync(self) -> PortCounters:
+        counters, _ = _supervise(self._port_counters_job(), self._stuck, self.deadline,
+                                 "rdma-hca-counters")
         return counters
 
     def netns_mode_sync(self) -> str | None:
-        def job(reads: GuardedReads) -> str | None:
-            return Discovery(self.sysfs_root, os.devnull, reads).netns_mode()
-
-        mode, _ = _supervise(job, self._stuck, self.deadline, "rdma-hca-netns")
+        mode, _ = _supervise(self._netns_job, self._stuck, self.deadline, "rdma-hca-netns")
         return mode
 
     # -- what the event loop awaits -----------------------------------------------------
@@ -278,20 +366,36 @@ class NodeReader:
     async def discover(self) -> NodeInventory:
         """Full discovery; never raises for a stuck file (its HCA's ports read UNKNOWN and
         ``stalled`` names it); raises DiscoveryFailed only when a resource ran out."""
-        return await _off_loop(self.discover_sync, "rdma-hca-discover-call")
+        inventory, _ = await _supervise_async(self._discovery_job, self._stuck,
+                                              self.deadline, "rdma-hca-discover")
+        self.inventory = inventory
+        return inventory
 
     async def port_states(self) -> PortStates:
         """``(hca, port) -> (state, phys_state)`` of every HCA in ``class/infiniband``; a
         port whose file is stuck, or whose HCA has a stuck file, reads UNKNOWN."""
-        return await _off_loop(self.port_states_sync, "rdma-hca-ports-call")
+        states, _ = await _supervise_async(self._port_states_job, self._stuck,
+                                           self.deadline, "rdma-hca-ports")
+        return states
 
-    async def port_counters(self) -> dict[tuple[str, int], dict[str, int]]:
+    async def glance(self) -> Glance:
+        """The listings and port states the health poll compares, in one call; raises
+        ReadStalled while one of the listings hangs."""
+        glance, _ = await _supervise_async(self._glance_job, self._stuck, self.deadline,
+                                           "rdma-hca-glance")
+        return glance
+
+    async def port_counters(self) -> PortCounters:
         """Counters of every port of the last inventory (empty before the first)."""
-        return await _off_loop(self.port_counters_sync, "rdma-hca-counters-call")
+        counters, _ = await _supervise_async(self._port_counters_job(), self._stuck,
+                                             self.deadline, "rdma-hca-counters")
+        return counters
 
     async def netns_mode(self) -> str | None:
         """ib_core's network-namespace mode: "shared", "exclusive" or None."""
-        return await _off_loop(self.netns_mode_sync, "rdma-hca-netns-call")
+        mode, _ = await _supervise_async(self._netns_job, self._stuck, self.deadline,
+                                         "rdma-hca-netns")
+        return mode
 
 
 def discover_bounded(

@@ -142,6 +142,9 @@ class Reads:
         finally:
             os.close(fd)
 
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
     def any_stuck_under(self, directory: str) -> bool:
         return False
 
@@ -186,6 +189,19 @@ class GuardedReads(Reads):
         w.entry = entry
         try:
             return super().read_at(dir_fd, base, entry)
+        finally:
+            if w.abandoned:
+                self.stuck.release(w)
+
+    def listdir(self, path: str) -> list[str]:
+        if path in self.stuck.paths:
+            self._refuse(path)
+        w = self.watch
+        w.seq += 1
+        w.base = path
+        w.entry = ""
+        try:
+            return os.listdir(path)
         finally:
             if w.abandoned:
                 self.stuck.release(w)
