@@ -149,3 +149,36 @@ def test_health_poll_has_no_default_of_its_own() -> None:
     param = inspect.signature(HealthWatcher).parameters["poll_seconds"]
     assert param.default is inspect.Parameter.empty
 
+
+
+async def test_run_calls_on_started_once_the_daemon_serves(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"), netlink=False)
+    seen: list[bool] = []
+    stop = asyncio.Event()
+    running = asyncio.create_task(d.run(stop, on_started=lambda: seen.append(
+        d.http is not None and d.inventory is not None)))
+    try:
+        assert await wait_until(lambda: bool(seen), 10)
+        await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    assert seen == [True]
+
+
+def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
+    import gc
+
+    from rdma_hca.daemon.main import settle_heap
+
+    before = gc.get_freeze_count()
+    kept = [{"an": "object alive at start-up"}]
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > before
+        assert not any(o is kept for o in gc.get_objects())  # no longer walked
+        later = [{"made": "after"}]
+        assert any(o is later for o in gc.get_objects())
+    finally:
+        gc.unfreeze()  # the other tests' objects go back where they were

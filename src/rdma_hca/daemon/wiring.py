@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -282,8 +283,10 @@ class Daemon:
             await _settle([asyncio.ensure_future(self.http.stop())], "the HTTP server")
             self.http = None
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True)."""
+    async def run(self, stop: asyncio.Event,
+                  on_started: Callable[[], None] | None = None) -> None:
+        """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True);
+        ``on_started`` is called once the daemon has started."""
         stopped = asyncio.ensure_future(stop.wait())
         try:
             # A stop during start (its first discovery may wait a whole read deadline)
@@ -295,6 +298,8 @@ class Daemon:
                 await asyncio.gather(starting, return_exceptions=True)
                 return
             starting.result()
+            if on_started is not None:
+                on_started()
             failed = asyncio.ensure_future(self.supervisor.failed.wait())
             try:
                 await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
