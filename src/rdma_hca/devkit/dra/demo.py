@@ -8,14 +8,11 @@ going down and the slice changing, and the kubelet restarting.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
+from rdma_hca.devkit.demo import run_walkthrough
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 
@@ -117,13 +114,4 @@ async def _demo(out: TextIO, workdir: Path) -> None:
 
 def run_dra_demo(verbose: bool = False, out: TextIO | None = None) -> int:
     """Print the DRA walkthrough; returns the exit code (0, or 1 when a step failed)."""
-    out = out or sys.stdout
-    if not verbose:
-        logging.getLogger().setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-demo-") as tmp:
-        try:
-            asyncio.run(_demo(out, Path(tmp)))
-        except TimeoutError as exc:
-            print(f"DRA demo failed: {exc}", file=sys.stderr)
-            return 1
-    return 0
+    return run_walkthrough(_demo, name="DRA demo", verbose=verbose, out=out)
