@@ -20,6 +20,7 @@ from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.kit.text import text_table
 from rdma_hca.node.model import NodeInventory
 
 RESOURCE = "rdma/hca"
@@ -37,9 +38,7 @@ def _hca_table(inventory: NodeInventory) -> str:
             ("up" if p.is_up else "DOWN") if p else "-",
             h.uverbs.path if h.uverbs else "-",
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+    return "\n".join(text_table(rows, indent="  "))
 
 
 def _node_yaml(kubelet: KubeletEmulator) -> str:

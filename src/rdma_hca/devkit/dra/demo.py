@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from rdma_hca.devkit.demo import run_walkthrough
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.kit.text import text_table
 
 DRIVER = "rdma-hca.io"
 NODE = "gpu-node-1"
@@ -24,12 +25,6 @@ STD = "resource.kubernetes.io"
 def _value(device: dict[str, Any], key: str) -> str:
     attr = device.get("attributes", {}).get(key)
     return "-" if attr is None else str(next(iter(attr.values())))
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
 
 
 def _slice_summary(stage: DraStage) -> str:
@@ -61,7 +56,7 @@ async def _demo(out: TextIO, workdir: Path) -> None:
             rows.append((name, _value(d, f"{DRIVER}/hcaName"), root,
                          str(len(gpus.get(root, []))), _value(d, f"{STD}/numaNode"),
                          _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState")))
-        say(_table(rows))
+        say("\n".join(text_table(rows, indent="  ")))
         say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
             "and an HCA request gets both from one row's root complex.")
         say()
