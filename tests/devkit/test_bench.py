@@ -76,6 +76,23 @@ def test_rows_show_ratio_target_and_verdict() -> None:
     assert body["kubelet restart"][5] == "—"
 
 
+def test_table_is_written_byte_for_byte_as_before() -> None:
+    # BENCHMARKS.md is compared across runs in diffs: its format must not drift.
+    assert render_table(figures()) == (
+        "| figure | ours | baseline | ratio | target | met? |\n"
+        "|---|---:|---:|---:|---|:---:|\n"
+        "| Allocate p50 | 0.660 ms | 0.600 ms (bare) | 1.10× | ≤ 1.2× baseline | yes |\n"
+        "| idle RSS | 60.0 MiB | 40.0 MiB (bare) | 1.50× | ≤ 1.3× baseline | **NO** |\n"
+        "| port down \\| max | 980 ms | — | — | ≤ 1000 ms | yes |\n"
+        "| discover_node, 8 HCAs | 12.5 ms | — | — | — | — |\n"
+        "| kubelet restart | — | — | — | ≤ 1000 ms | — |")
+
+
+def test_a_line_break_in_a_label_does_not_break_the_table() -> None:
+    text = render_table([Figure("k", "two\nlines", "ms", 1.0)])
+    assert text.splitlines()[2] == "| two lines | 1.00 ms | — | — | — | — |"
+
+
 def test_markdown_names_machine_notes_and_misses() -> None:
     text = render_markdown(report())
     assert text.startswith("# Benchmarks\n")
@@ -119,6 +136,16 @@ def test_console_table_is_aligned_without_markdown_emphasis() -> None:
     # Every row's second column starts where the header's does.
     column = lines[0].index("ours")
     assert all(line[column - 2:column] == "  " for line in lines[2:])
+
+
+def test_console_table_is_written_as_before() -> None:
+    assert render_console(figures()[:3]).splitlines() == [
+        "figure           ours      baseline         ratio  target           met?",
+        "---------------  --------  ---------------  -----  ---------------  ----",
+        "Allocate p50     0.660 ms  0.600 ms (bare)  1.10×  ≤ 1.2× baseline  yes",
+        "idle RSS         60.0 MiB  40.0 MiB (bare)  1.50×  ≤ 1.3× baseline  NO",
+        "port down | max  980 ms    —                —      ≤ 1000 ms        yes",
+    ]
 
 
 async def test_lag_meter_sees_a_blocked_loop() -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import TextIO
+
 import pytest
 
 from rdma_hca.devkit import commands
+from rdma_hca.devkit.demo import run_walkthrough
 
 
 @pytest.mark.slow
@@ -20,3 +25,33 @@ def test_the_demo_shows_both_paths(capsys: pytest.CaptureFixture[str]) -> None:
     assert "NodePrepareResources" in out and "CDI" in out
     assert "linkState down" in out and "NoSchedule" in out
     assert "NodeUnprepareResources" in out
+
+
+def test_a_walkthrough_runs_in_a_temp_dir_and_gives_the_log_level_back(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    seen: list[tuple[Path, bool, int]] = []
+
+    async def walk(out: TextIO, workdir: Path) -> None:
+        seen.append((workdir, workdir.is_dir(), root.level))
+        print("step one", file=out)
+
+    before = root.level
+    assert run_walkthrough(walk, name="DRA demo") == 0
+    ((workdir, existed, level),) = seen
+    assert existed and workdir.name.startswith("rdma-hca-dra-demo-")
+    assert not workdir.exists()
+    assert level == logging.ERROR  # only errors while it runs, unless verbose
+    assert root.level == before
+    assert capsys.readouterr().out == "step one\n"
+
+
+def test_a_step_that_times_out_is_one_line_and_exit_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    async def walk(out: TextIO, workdir: Path) -> None:
+        raise TimeoutError("the kubelet never saw the plugin")
+
+    before = logging.getLogger().level
+    assert run_walkthrough(walk, name="demo") == 1
+    assert capsys.readouterr().err == "demo failed: the kubelet never saw the plugin\n"
+    assert logging.getLogger().level == before

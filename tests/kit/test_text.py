@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,6 +41,33 @@ def test_text_table_aligns_and_trims() -> None:
 def test_markdown_table_escapes_pipes() -> None:
     assert markdown_table(["a", "b"], [["x|y", "z"]]) == (
         "| a | b |\n|---|---|\n| x\\|y | z |")
+
+
+def test_text_table_rule_under_the_header() -> None:
+    assert text_table([["figure", "ours"], ["Allocate p50", "1 ms"]], rule="-") == [
+        "figure        ours",
+        "------------  ----",
+        "Allocate p50  1 ms",
+    ]
+    assert text_table([["a", "b"], ["xy", ""]], rule="=", indent="  ")[1] == "  ==  ="
+
+
+def test_markdown_table_aligns_columns() -> None:
+    text = markdown_table(["what", "n", "ok"], [["x", "12", "yes"]],
+                          align=["left", "right", "center"])
+    assert text.splitlines()[1] == "|:---|---:|:---:|"
+    assert markdown_table(["a", "b"], [], align=["", "right"]) == "| a | b |\n|---|---:|"
+
+
+def test_markdown_table_refuses_alignments_that_do_not_fit() -> None:
+    with pytest.raises(ValueError, match=r"align names 1 column\(s\); the table has 2"):
+        markdown_table(["a", "b"], [], align=["right"])
+    with pytest.raises(ValueError, match="unknown alignment 'middle'"):
+        markdown_table(["a"], [], align=["middle"])
+
+
+def test_markdown_table_keeps_a_line_break_inside_its_cell() -> None:
+    assert markdown_table(["a"], [["two\nlines"]]).splitlines()[2] == "| two lines |"
 
 
 def test_closest() -> None:

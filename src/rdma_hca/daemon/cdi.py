@@ -9,15 +9,14 @@ runtime never reads half a file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from typing import Any
 
+from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger("rdma_hca.cdi")
@@ -80,17 +79,6 @@ def write_spec(spec_dir: str, spec: dict[str, Any]) -> bool:
                 return False
     except OSError:
         pass
-    fd, tmp = tempfile.mkstemp(dir=spec_dir, prefix=".rdma-hca-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, mode=0o644)
     log.info("CDI spec %s written: %d device(s)", path, len(spec["devices"]))
     return True

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.kit.text import markdown_table, text_table
+
 JSON_VERSION = 1
 NO_VALUE = "—"
 
@@ -162,22 +164,20 @@ def table_rows(figures: Sequence[Figure]) -> list[list[str]]:
     return rows
 
 
+# The numeric columns (ours, baseline, ratio) right-aligned, the verdict centred.
+_ALIGN = ("", "right", "right", "right", "", "center")
+
+
 def render_table(figures: Sequence[Figure]) -> str:
     """The markdown table: figure | ours | baseline | ratio | target | met?"""
-    rows = table_rows(figures)
-    lines = ["| " + " | ".join(_escape(c) for c in rows[0]) + " |",
-             "|" + "|".join(["---"] + ["---:"] * 3 + ["---", ":---:"]) + "|"]
-    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows[1:]]
-    return "\n".join(lines)
+    header, *rows = table_rows(figures)
+    return markdown_table(header, rows, align=_ALIGN)
 
 
 def render_console(figures: Sequence[Figure]) -> str:
     """The same rows aligned for a terminal."""
     rows = [[c.replace("**", "") for c in row] for row in table_rows(figures)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return "\n".join(text_table(rows, rule="-"))
 
 
 def render_markdown(report: Report) -> str:

@@ -12,13 +12,15 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.kit.text import text_table
 from rdma_hca.node.model import NodeInventory
 
 RESOURCE = "rdma/hca"
@@ -36,9 +38,7 @@ def _hca_table(inventory: NodeInventory) -> str:
             ("up" if p.is_up else "DOWN") if p else "-",
             h.uverbs.path if h.uverbs else "-",
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+    return "\n".join(text_table(rows, indent="  "))
 
 
 def _node_yaml(kubelet: KubeletEmulator) -> str:
@@ -127,18 +127,36 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         await kubelet.stop()
 
 
-def run_demo(verbose: bool = False, out: TextIO | None = None) -> int:
+def run_walkthrough(walk: Callable[[TextIO, Path], Coroutine[Any, Any, None]], *, name: str,
+                    verbose: bool = False, out: TextIO | None = None) -> int:
+    """Run ``walk(out, workdir)`` on an event loop of its own in a fresh temp directory.
+
+    Returns the exit code: 0, or 1 when a step timed out (said on stderr as
+    "<name> failed: ..."). Without ``verbose`` only errors are logged, and the log level
+    is given back afterwards, so a caller in the same process logs as before.
+    """
     out = out or sys.stdout
+    root = logging.getLogger()
+    level = root.level
     if verbose:
         from rdma_hca.kit.logs import setup_logging
 
         setup_logging("text", "info")
     else:
-        logging.getLogger().setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="rdma-hca-demo-") as tmp:
-        try:
-            asyncio.run(_demo(out, Path(tmp)))
-        except TimeoutError as exc:
-            print(f"demo failed: {exc}", file=sys.stderr)
-            return 1
-    return 0
+        root.setLevel(logging.ERROR)
+    try:
+        prefix = "rdma-hca-" + name.lower().replace(" ", "-") + "-"
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            try:
+                asyncio.run(walk(out, Path(tmp)))
+            except TimeoutError as exc:
+                print(f"{name} failed: {exc}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        if not verbose:
+            root.setLevel(level)
+
+
+def run_demo(verbose: bool = False, out: TextIO | None = None) -> int:
+    return run_walkthrough(_demo, name="demo", verbose=verbose, out=out)

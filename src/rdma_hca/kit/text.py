@@ -28,28 +28,49 @@ def natural_sorted(items: Iterable[T], key: Callable[[T], str] | None = None) ->
     return sorted(items, key=lambda item: natural_key(text(item)))
 
 
-def text_table(rows: Sequence[Sequence[str]], *, gap: int = 2, indent: str = "") -> list[str]:
+def text_table(rows: Sequence[Sequence[str]], *, gap: int = 2, indent: str = "",
+               rule: str = "") -> list[str]:
     """Rows as aligned columns, each column as wide as its widest cell, no trailing blanks.
 
     The first row is usually the header; every row must have the same number of cells.
+    With ``rule`` (say ``"-"``), a line of it as wide as each column follows the first row.
     """
     if not rows:
         return []
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     sep = " " * gap
-    return [
+    lines = [
         (indent + sep.join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))).rstrip()
         for row in rows
     ]
+    if rule:
+        lines.insert(1, (indent + sep.join(rule * w for w in widths)).rstrip())
+    return lines
 
 
-def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A GitHub-flavoured markdown table; ``|`` inside cells is escaped."""
+_ALIGN = {"": "---", "left": ":---", "right": "---:", "center": ":---:"}
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
+                   align: Sequence[str] | None = None) -> str:
+    """A GitHub-flavoured markdown table; ``|`` inside cells is escaped and a line break
+    becomes a space (either would end the cell or the row).
+
+    ``align`` gives each column's alignment: "" (the renderer's default), "left", "right"
+    or "center".
+    """
+    aligns = list(align) if align is not None else [""] * len(headers)
+    if len(aligns) != len(headers):
+        raise ValueError(f"align names {len(aligns)} column(s); the table has {len(headers)}")
+    unknown = [a for a in aligns if a not in _ALIGN]
+    if unknown:
+        raise ValueError(f"unknown alignment {unknown[0]!r}; use one of "
+                         + ", ".join(repr(a) for a in _ALIGN))
 
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
-    out = [line(headers), "|" + "|".join("---" for _ in headers) + "|"]
+    out = [line(headers), "|" + "|".join(_ALIGN[a] for a in aligns) + "|"]
     out.extend(line(r) for r in rows)
     return "\n".join(out)
 

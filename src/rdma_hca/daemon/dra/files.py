@@ -12,33 +12,16 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
 CHECKPOINT_VERSION = 1
-
-
-def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".rdma-hca-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # --- CDI ---------------------------------------------------------------------------------

@@ -8,16 +8,14 @@ going down and the slice changing, and the kubelet restarting.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
+from rdma_hca.devkit.demo import run_walkthrough
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.kit.text import text_table
 
 DRIVER = "rdma-hca.io"
 NODE = "gpu-node-1"
@@ -27,12 +25,6 @@ STD = "resource.kubernetes.io"
 def _value(device: dict[str, Any], key: str) -> str:
     attr = device.get("attributes", {}).get(key)
     return "-" if attr is None else str(next(iter(attr.values())))
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
 
 
 def _slice_summary(stage: DraStage) -> str:
@@ -64,7 +56,7 @@ async def _demo(out: TextIO, workdir: Path) -> None:
             rows.append((name, _value(d, f"{DRIVER}/hcaName"), root,
                          str(len(gpus.get(root, []))), _value(d, f"{STD}/numaNode"),
                          _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState")))
-        say(_table(rows))
+        say("\n".join(text_table(rows, indent="  ")))
         say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
             "and an HCA request gets both from one row's root complex.")
         say()
@@ -117,13 +109,4 @@ async def _demo(out: TextIO, workdir: Path) -> None:
 
 def run_dra_demo(verbose: bool = False, out: TextIO | None = None) -> int:
     """Print the DRA walkthrough; returns the exit code (0, or 1 when a step failed)."""
-    out = out or sys.stdout
-    if not verbose:
-        logging.getLogger().setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-demo-") as tmp:
-        try:
-            asyncio.run(_demo(out, Path(tmp)))
-        except TimeoutError as exc:
-            print(f"DRA demo failed: {exc}", file=sys.stderr)
-            return 1
-    return 0
+    return run_walkthrough(_demo, name="DRA demo", verbose=verbose, out=out)
