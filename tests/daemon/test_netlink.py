@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +77,16 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             def heard(start: int) -> bool:
                 return any(f"link event on {VETH}" in line for line in proc.lines[start:])
 
+            def log() -> str:
+                # Every failure shows what the daemon heard and did, in order.
+                return "\nthe daemon's log:\n" + proc.stderr
+
+            async def reaches(predicate: Callable[[], bool]) -> None:
+                try:
+                    await kubelet.wait_for(predicate, timeout=10)
+                except TimeoutError as exc:
+                    raise AssertionError(f"{exc}{log()}") from None
+
             for mtu in range(1400, 1500):
                 mark = len(proc.lines)
                 assert ip("-n", netns, "link", "set", VETH, "mtu", str(mtu)).returncode == 0
@@ -99,18 +109,18 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             # The port file alone changes nothing for a minute: that is the poll.
             node.set_port("mlx5_0", 1, up=False)
             await asyncio.sleep(0.5)
-            assert kubelet.allocatable(R) == 1000
+            assert kubelet.allocatable(R) == 1000, "a port file alone was seen" + log()
 
             # The link going down is what makes the daemon look again, at once.
             mark = len(proc.lines)
             assert ip("-n", netns, "link", "set", VETH, "down").returncode == 0
-            await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0, timeout=10)
-            assert heard(mark)
+            await reaches(lambda: kubelet.allocatable(R) == 0)
+            assert heard(mark), "the link going down was not heard" + log()
             assert kubelet.capacity(R) == 1000
 
             node.set_port("mlx5_0", 1, up=True)
             assert ip("-n", netns, "link", "set", VETH, "up").returncode == 0
-            await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10)
+            await reaches(lambda: kubelet.allocatable(R) == 1000)
 
             # An event for a netdev that is not an HCA's is not reported as one of ours.
             mark = len(proc.lines)
@@ -119,10 +129,10 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             async with asyncio.timeout(10):
                 while not heard(mark):
                     await asyncio.sleep(0.05)
-            assert not any(f"link event on {PEER}" in line for line in proc.lines)
+            assert not any(f"link event on {PEER}" in line for line in proc.lines), log()
 
             proc.send(signal.SIGTERM)
-            assert await proc.wait_exit() == 0
+            assert await proc.wait_exit() == 0, log()
         assert "rtnetlink events" not in proc.stderr  # neither unavailable nor stopped
     finally:
         await kubelet.stop()
