@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,7 +70,17 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             *serve_argv(node, plugin_dir, "--log-level", "debug", poll="60")]
     try:
         async with serve(argv) as proc:
-            await wait_registered(kubelet)
+            def log() -> str:
+                # Every failure shows what the daemon heard and did, in order.
+                return "\nthe daemon's log:\n" + proc.stderr
+
+            async def reaches(wait: Awaitable[None]) -> None:
+                try:
+                    await wait
+                except TimeoutError as exc:
+                    raise AssertionError(f"{exc}{log()}") from None
+
+            await reaches(wait_registered(kubelet))
 
             # The daemon subscribes to link events after it starts; nudge the link
             # (an MTU change is a link event too) until it reports hearing one.
@@ -99,18 +109,18 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             # The port file alone changes nothing for a minute: that is the poll.
             node.set_port("mlx5_0", 1, up=False)
             await asyncio.sleep(0.5)
-            assert kubelet.allocatable(R) == 1000
+            assert kubelet.allocatable(R) == 1000, "a port file alone was seen" + log()
 
             # The link going down is what makes the daemon look again, at once.
             mark = len(proc.lines)
             assert ip("-n", netns, "link", "set", VETH, "down").returncode == 0
-            await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0, timeout=10)
-            assert heard(mark)
+            await reaches(kubelet.wait_for(lambda: kubelet.allocatable(R) == 0, timeout=10))
+            assert heard(mark), "the link going down was not heard" + log()
             assert kubelet.capacity(R) == 1000
 
             node.set_port("mlx5_0", 1, up=True)
             assert ip("-n", netns, "link", "set", VETH, "up").returncode == 0
-            await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10)
+            await reaches(kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000, timeout=10))
 
             # An event for a netdev that is not an HCA's is not reported as one of ours.
             mark = len(proc.lines)
@@ -119,10 +129,10 @@ async def test_link_event_prompts_an_immediate_reread(netns: str, node: SimNode,
             async with asyncio.timeout(10):
                 while not heard(mark):
                     await asyncio.sleep(0.05)
-            assert not any(f"link event on {PEER}" in line for line in proc.lines)
+            assert not any(f"link event on {PEER}" in line for line in proc.lines), log()
 
             proc.send(signal.SIGTERM)
-            assert await proc.wait_exit() == 0
+            assert await proc.wait_exit() == 0, log()
         assert "rtnetlink events" not in proc.stderr  # neither unavailable nor stopped
     finally:
         await kubelet.stop()

@@ -105,19 +105,22 @@ class OffLoop:
 
             worker = self._idle.pop() if self._idle else _Worker()
             worker.jobs.put(work)
-            try:
-                await asyncio.wait_for(asyncio.shield(done), self.deadline)
+            # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for returns the
+            # answer instead of raising a cancel that lands while the answer is handed
+            # over, and a caller looping over calls then outlives the stop that cancelled it.
+            finished, _ = await asyncio.wait({done}, timeout=self.deadline)
+            if finished:
+                done.result()  # the call's own error is the caller's
                 self._idle.append(worker)
                 break
-            except TimeoutError:
-                worker.abandoned = True
-                key = batch[at[0]]
-                self._stuck.add(key)
-                self.stalls_total += 1
-                stalled.append(key)
-                log.warning("%s did not answer within %g s; treated as unknown until it "
-                            "does", key, self.deadline)
-                todo = batch[at[0] + 1:]
+            worker.abandoned = True
+            key = batch[at[0]]
+            self._stuck.add(key)
+            self.stalls_total += 1
+            stalled.append(key)
+            log.warning("%s did not answer within %g s; treated as unknown until it "
+                        "does", key, self.deadline)
+            todo = batch[at[0] + 1:]
         if stalled and not partial:
             raise Stalled(stalled[0], self.deadline)
         return {k: results[k] for k in list(results)}
