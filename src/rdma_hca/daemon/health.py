@@ -182,9 +182,14 @@ class HealthWatcher:
         """Hand an inventory to every pool, then to whoever else follows the node."""
         self._count_changes(inventory)
         self.inventory = inventory
+        # The loop gets a turn between the steps: at 256 HCAs each costs it a millisecond
+        # or two, and an Allocate or a probe waiting behind all of them would wait for
+        # their sum.
         for runtime in self.runtimes:
+            await asyncio.sleep(0)
             await runtime.update(inventory)
         if self.on_inventory is not None:
+            await asyncio.sleep(0)
             await self.on_inventory(inventory)
 
     def _count_changes(self, inventory: NodeInventory) -> None:
