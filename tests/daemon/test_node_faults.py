@@ -173,3 +173,30 @@ async def test_a_failing_event_source_is_logged_and_polling_goes_on(
         assert not d.failed
     finally:
         await d.stop()
+
+
+async def test_a_port_that_moves_during_a_full_reread_is_applied_the_quick_way_next(
+        node: SimNode, plugin_dir: Path) -> None:
+    d = Daemon(make_settings(node, plugin_dir, health_poll_seconds=60.0), netlink=False)
+    await d.health.refresh()
+    discover = d.reader.discover
+    full_rereads = 0
+
+    async def port_goes_down_meanwhile() -> object:
+        nonlocal full_rereads
+        full_rereads += 1
+        inventory = await discover()
+        if full_rereads == 1:
+            node.set_port("mlx5_0", 1, up=False)  # after discovery read it, before the check
+        return inventory
+
+    d.reader.discover = port_goes_down_meanwhile  # type: ignore[method-assign]
+    stale = await d.health.refresh()
+    assert [p.is_up for p in stale.hcas[0].ports] == [True]  # read before the change
+    # The next pass publishes the new state without another full re-read...
+    assert await d.health._check(due=False) is False
+    assert full_rereads == 1
+    assert d.inventory is not None and not d.inventory.hcas[0].ports[0].is_up
+    assert d.runtimes[0].state.healthy_count() == 0
+    # ...and the full one follows once the port has settled.
+    assert d.health._full_at is not None

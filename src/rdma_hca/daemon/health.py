@@ -143,7 +143,16 @@ class HealthWatcher:
         # (at once: the next poll may be far), where storing the older one could match
         # the files and hide a stale inventory.
         after = await self._fingerprint_or_none()
-        self._fingerprint = before if after == before else ()
+        if after == before:
+            self._fingerprint = before
+        elif before and after and before[0] == after[0] and before[2:] == after[2:]:
+            # Only port states moved (a flapping link): no states at all are remembered,
+            # so the next pass applies the current ones at once, the quick way, and the
+            # full re-read follows once they settle. A full re-read now could find them
+            # moving again, and a flapping port's last state would wait for it.
+            self._fingerprint = (after[0], (), *after[2:])
+        else:
+            self._fingerprint = ()
         if before and after and after != before:
             self._poke.set()  # (an unreadable fingerprint waits for the next poll instead)
         for w in inventory.warnings:
