@@ -49,8 +49,9 @@ def settle_heap() -> None:
     event loop cannot run, seen as exactly such stalls during scrapes. Those objects live
     as long as the process, so walking them again finds nothing; after the freeze a full
     collection walks only what came later. Frozen objects are still freed by reference
-    counting when they go (an old inventory does); only garbage cycles among them would
-    stay, hence the collection first.
+    counting when they go (an old inventory does); only cycles among them that become
+    garbage later stay: a one-time cost bounded by what start-up made, never a growing
+    one. Garbage already there is collected first.
     """
     gc.collect()
     gc.freeze()
