@@ -91,7 +91,7 @@ class Plan:
 
 
 FULL = Plan(start_runs=5, allocate_calls=2000, allocate_warmup=200, allocate_blocks=4,
-            flaps=10, restarts=10, settle_seconds=3.0, idle_seconds=10.0, discovery_runs=5)
+            flaps=10, restarts=10, settle_seconds=3.0, idle_seconds=20.0, discovery_runs=5)
 QUICK = Plan(start_runs=3, allocate_calls=500, allocate_warmup=100, allocate_blocks=2,
              flaps=4, restarts=4, settle_seconds=1.0, idle_seconds=5.0, discovery_runs=3)
 
