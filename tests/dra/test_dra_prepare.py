@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
+import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
@@ -165,3 +172,33 @@ async def test_a_corrupt_checkpoint_is_moved_aside(
         resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
         assert resp.claims[uid].error == ""
         assert uid in json.loads((work / "checkpoint.json").read_text())["claims"]
+
+
+async def test_a_checkpoint_that_never_answers_stalls_the_start_on_a_thread_exit_ignores(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    work = tmp_path / "s"
+    work.mkdir()
+    fifo = work / "checkpoint.json"
+    os.mkfifo(fifo)  # a read of it blocks in open(), as one on a hung filesystem does
+    stage = DraStage(dra_node, work, api=api,
+                     config=lambda c: dataclasses.replace(c, read_deadline=0.3))
+    try:
+        with pytest.raises(Stalled, match=r"checkpoint\.json"):
+            await asyncio.wait_for(stage.start_driver(), 10)
+
+        def reading_the_checkpoint(frame: FrameType | None) -> bool:
+            while frame is not None:
+                if frame.f_code.co_name == "load_checkpoint":
+                    return True
+                frame = frame.f_back
+            return False
+
+        frames = sys._current_frames()
+        stuck = [t for t in threading.enumerate()
+                 if t.ident is not None and reading_the_checkpoint(frames.get(t.ident))]
+        # Still hung, on a daemon thread: interpreter exit (and so SIGTERM) does not wait
+        # for it, as it would for a thread of the loop's default executor.
+        assert len(stuck) == 1 and stuck[0].daemon
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the read return
+        await stage.stop_driver()

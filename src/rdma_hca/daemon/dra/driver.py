@@ -34,6 +34,7 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
+from rdma_hca.daemon.offloop import OffLoop
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
@@ -95,6 +96,7 @@ class DraDriver:
         self._publishing = False
         self._hcas: tuple[Hca, ...] = ()
         self._lock = asyncio.Lock()
+        self._files = OffLoop(config.read_deadline)
         self._wake = asyncio.Event()
         self._check = True
         self._tasks: list[asyncio.Task[None]] = []
@@ -285,9 +287,15 @@ class DraDriver:
 
     # --- prepare / unprepare ---------------------------------------------------------------
 
-    async def _io(self, func: Any, *args: Any) -> Any:
-        """Blocking file work off the loop, with the configured deadline."""
-        return await asyncio.wait_for(asyncio.to_thread(func, *args), self.config.read_deadline)
+    async def _io(self, func: Any, path: str, *args: Any) -> Any:
+        """Blocking file work on ``path`` off the loop, with the configured deadline.
+
+        On the daemon's own threads, not the loop's default executor: a write stuck on a
+        hung filesystem would keep ``asyncio.run`` from returning at exit, and so SIGTERM
+        from ending the process. While one is stuck, the next call of the same kind on the
+        same path fails at once (``Stalled``) instead of leaving another thread behind.
+        """
+        return await self._files.run(f"{func.__name__} of {path}", lambda: func(path, *args))
 
     async def _load_checkpoint(self) -> None:
         path = self.config.checkpoint
