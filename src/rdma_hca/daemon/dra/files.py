@@ -3,7 +3,7 @@
 Both are written the same way: a temp file in the target directory, fsync, rename.
 containerd only notices a CDI spec written or renamed inside its directory, and a
 checkpoint cut short by a crash must leave the previous one intact. Everything here
-blocks; the driver calls it through ``asyncio.to_thread``.
+blocks; the driver runs it off the loop on threads of its own, with a deadline.
 """
 
 from __future__ import annotations
