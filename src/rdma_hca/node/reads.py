@@ -17,8 +17,12 @@ import errno
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from rdma_hca.node.parse import MAX_READ, printable
+
+T = TypeVar("T")
 
 # Running out of these makes every read fail; taking that as "no HCAs" would make the
 # daemon withdraw every device from the kubelet.
@@ -166,21 +170,9 @@ class GuardedReads(Reads):
         self.stalled.append(path)
         raise ReadStalled(path)
 
-    def read(self, path: str) -> bytes:
-        if path in self.stuck.paths:
-            self._refuse(path)
-        w = self.watch
-        w.seq += 1
-        w.base = path
-        w.entry = ""
-        try:
-            return read_file(path)
-        finally:
-            if w.abandoned:
-                self.stuck.release(w)
-
-    def read_at(self, dir_fd: int, base: str, entry: str) -> bytes:
-        path = os.path.join(base, entry)
+    def _watched(self, path: str, base: str, entry: str, call: Callable[[], T]) -> T:
+        """``call()``, with the watch saying that it reads ``path``; a stuck path is
+        refused at once, and a thread given up on stops once the call returns."""
         if path in self.stuck.paths:
             self._refuse(path)
         w = self.watch
@@ -188,23 +180,20 @@ class GuardedReads(Reads):
         w.base = base
         w.entry = entry
         try:
-            return super().read_at(dir_fd, base, entry)
+            return call()
         finally:
             if w.abandoned:
                 self.stuck.release(w)
 
+    def read(self, path: str) -> bytes:
+        return self._watched(path, path, "", lambda: read_file(path))
+
+    def read_at(self, dir_fd: int, base: str, entry: str) -> bytes:
+        return self._watched(os.path.join(base, entry), base, entry,
+                             lambda: Reads.read_at(self, dir_fd, base, entry))
+
     def listdir(self, path: str) -> list[str]:
-        if path in self.stuck.paths:
-            self._refuse(path)
-        w = self.watch
-        w.seq += 1
-        w.base = path
-        w.entry = ""
-        try:
-            return os.listdir(path)
-        finally:
-            if w.abandoned:
-                self.stuck.release(w)
+        return self._watched(path, path, "", lambda: os.listdir(path))
 
     def working_on(self, owner: str | None) -> None:
         """Files of ``owner`` stuck in an earlier call (a counter, say) count as stalled
