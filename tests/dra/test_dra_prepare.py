@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.offloop import Stalled
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
@@ -182,9 +183,11 @@ async def test_a_checkpoint_that_never_answers_stalls_the_start_on_a_thread_exit
     os.mkfifo(fifo)  # a read of it blocks in open(), as one on a hung filesystem does
     stage = DraStage(dra_node, work, api=api,
                      config=lambda c: dataclasses.replace(c, read_deadline=0.3))
+    driver = DraDriver(stage.config())
     try:
         with pytest.raises(Stalled, match=r"checkpoint\.json"):
-            await asyncio.wait_for(stage.start_driver(), 10)
+            await asyncio.wait_for(driver.start(), 10)
+        assert driver.file_stalls == 1  # counted with the daemon's other stalls
 
         def reading_the_checkpoint(frame: FrameType | None) -> bool:
             while frame is not None:
@@ -201,4 +204,4 @@ async def test_a_checkpoint_that_never_answers_stalls_the_start_on_a_thread_exit
         assert len(stuck) == 1 and stuck[0].daemon
     finally:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the read return
-        await stage.stop_driver()
+        await driver.stop()

@@ -115,7 +115,8 @@ class _Families(Collector):
         restarts.add_metric([], s.kubelet_restarts)
         yield restarts
         stalls = _counter("rdma_hca_sysfs_stalls_total",
-                          "Reads of the machine that passed their deadline")
+                          "Reads of the machine, and writes of the daemon's own files, "
+                          "that passed their deadline")
         stalls.add_metric([], s.sysfs_stalls)
         yield stalls
         errors = _counter("rdma_hca_discovery_errors_total",

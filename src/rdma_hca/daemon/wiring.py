@@ -144,7 +144,8 @@ class Daemon:
             ipv6_ready=self._ipv6_ready,
             counters=self.health.counters,
             state_changes=self.health.state_changes,
-            sysfs_stalls=self.health.stalls_total,
+            sysfs_stalls=self.health.stalls_total + (
+                self.dra.file_stalls if self.dra is not None else 0),
             discovery_errors=self.health.discovery_errors,
             started=self.started,
             health_last_pass=self.health.last_pass,

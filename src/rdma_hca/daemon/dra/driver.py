@@ -107,6 +107,11 @@ class DraDriver:
     # --- life cycle ------------------------------------------------------------------------
 
     @property
+    def file_stalls(self) -> int:
+        """Reads and writes of the driver's files that passed their deadline, ever."""
+        return self._files.stalls_total
+
+    @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """The driver's running tasks, for the daemon's supervisor."""
         return list(self._tasks)
