@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from rdma_hca.daemon.machine import MachineReader, PortCounters, failure_reason
-from rdma_hca.daemon.offloop import OffLoop, Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.node import netlink
@@ -74,7 +73,6 @@ class HealthWatcher:
         reader: MachineReader,
         *,
         poll_seconds: float,
-        deadline: float,
         full_seconds: float = 300.0,
         events: EventSource | None = _netlink_events,
         on_inventory: Callable[[NodeInventory], Awaitable[None]] | None = None,
@@ -85,7 +83,6 @@ class HealthWatcher:
         self.full_seconds = full_seconds
         self.events = events
         self.on_inventory = on_inventory
-        self.offloop = OffLoop(deadline)
         self.inventory: NodeInventory | None = None
         self.counters: PortCounters = {}
         self.state_changes: dict[tuple[str, int], int] = {}
@@ -103,10 +100,6 @@ class HealthWatcher:
         self._counters_at: float | None = None
         self._netdevs_of: NodeInventory | None = None
         self._netdev_names: frozenset[str] = frozenset()
-
-    @property
-    def stalls_total(self) -> int:
-        return self.reader.stalls_total + self.offloop.stalls_total
 
     def poke(self, full: bool = False) -> None:
         """Re-read port state now instead of at the next poll (everything, with ``full``)."""
@@ -127,7 +120,7 @@ class HealthWatcher:
         """The fingerprint, or () when it cannot be read now (stuck, or out of fds)."""
         try:
             return await self.fingerprint()
-        except (Stalled, ReadStalled):
+        except ReadStalled:
             return ()
         except Exception as exc:
             if failure_reason(exc) is None:
@@ -166,10 +159,6 @@ class HealthWatcher:
         last = self.inventory
         try:
             inventory = await self.reader.discover()
-        except Stalled:
-            # Discovery itself is stuck: what it would say is unknown, so the last
-            # inventory stands, with the stuck HCAs unknown (see _publish).
-            return last or NodeInventory((), None, None)
         except Exception as exc:
             reason = failure_reason(exc)
             if reason is None:

@@ -11,11 +11,9 @@ import errno
 from typing import Protocol
 
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.reader import Glance
+from rdma_hca.node.reader import Glance, PortCounters
 from rdma_hca.node.reads import DiscoveryFailed
-
-PortStates = dict[tuple[str, int], tuple[str, str]]
-PortCounters = dict[tuple[str, int], dict[str, int]]
+from rdma_hca.node.sysfs import PortStates
 
 __all__ = ["DiscoveryFailed", "Glance", "MachineReader", "PortCounters", "PortStates",
            "failure_reason"]

@@ -25,7 +25,7 @@ from rdma_hca.daemon.health import HealthWatcher
 from rdma_hca.daemon.httpserver import MetricsServer
 from rdma_hca.daemon.kubelet import KUBELET_SOCKET, KubeletLifecycle
 from rdma_hca.daemon.machine import MachineReader
-from rdma_hca.daemon.offloop import Stalled
+from rdma_hca.daemon.offloop import OffLoop, Stalled
 from rdma_hca.daemon.runtime import PoolRuntime
 from rdma_hca.daemon.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
@@ -87,7 +87,6 @@ class Daemon:
             self.runtimes,
             self.reader,
             poll_seconds=settings.health_poll_seconds,
-            deadline=self.read_deadline,
             on_inventory=self._on_inventory,
             **health_kw,
         )
@@ -97,6 +96,9 @@ class Daemon:
         if settings.dra.enabled:
             self.dra = DraDriver(DriverConfig.from_settings(settings,
                                                             read_deadline=self.read_deadline))
+        # The files the daemon owns (its CDI spec) are written off the loop, within the
+        # read deadline: a hung filesystem must not stop the loop either.
+        self.files = OffLoop(self.read_deadline)
         self.supervisor = Supervisor()
         self.findings = NodeFindings()
         self.http: MetricsServer | None = None
@@ -144,7 +146,7 @@ class Daemon:
             ipv6_ready=self._ipv6_ready,
             counters=self.health.counters,
             state_changes=self.health.state_changes,
-            sysfs_stalls=self.health.stalls_total + (
+            sysfs_stalls=self.reader.stalls_total + self.files.stalls_total + (
                 self.dra.file_stalls if self.dra is not None else 0),
             discovery_errors=self.health.discovery_errors,
             started=self.started,
@@ -194,7 +196,7 @@ class Daemon:
         spec = build_spec(hcas.values(), inventory.rdma_cm)
         spec_dir = self.settings.cdi.spec_dir
         try:
-            written = await self.health.offloop.run(
+            written = await self.files.run(
                 f"the CDI spec in {spec_dir}", lambda: write_spec(spec_dir, spec))
             self._cdi_error = None
             return written

@@ -122,11 +122,6 @@ IDLE_NAME = "rdma-hca-reader-idle"
 _WORKERS = _Workers()
 
 
-def _start_thread(target: Callable[[], None], name: str,
-                  then: Callable[[], None] | None = None) -> None:
-    _WORKERS.submit(target, name, then)
-
-
 class _Attempt:
     """One thread running ``job`` with its own Watch; the result or error lands here."""
 
@@ -152,7 +147,7 @@ class _Attempt:
             self.error = err
 
     def start(self, name: str) -> None:
-        _start_thread(self.run, name, then=self._finish)
+        _WORKERS.submit(self.run, name, then=self._finish)
 
     def _finish(self) -> None:
         if self.abandoned:

@@ -90,8 +90,8 @@ class DraStage:
     async def start_driver(self) -> DraDriver:
         driver = DraDriver(self.config())
         reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
-        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds, deadline=5.0,
-                                events=None, on_inventory=driver.update)
+        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds, events=None,
+                                on_inventory=driver.update)
         inventory = await watcher.refresh()
         await driver.start(inventory)
         self.driver, self.watcher = driver, watcher
