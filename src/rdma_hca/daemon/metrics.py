@@ -10,7 +10,7 @@ alerts and dashboard: change them only together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,27 +29,28 @@ def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFa
     return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
 
 
-class _Families(Collector):
-    """The families of one snapshot that come before the per-port ones, or after them."""
+class StatusFamilies:
+    """Every family derived from one snapshot (plus what the HTTP server counts), in the
+    two parts that the per-port families (``port_metrics``) go between."""
 
-    def __init__(self, status: Status, *, before_ports: bool, http_rejected: int = 0) -> None:
+    def __init__(self, status: Status, http_rejected: int = 0) -> None:
         self.status = status
-        self.before_ports = before_ports
         self.http_rejected = http_rejected
 
-    def collect(self) -> Iterator[Metric]:
+    def before_ports(self) -> Iterator[Metric]:
         s = self.status
-        if self.before_ports:
-            info = GaugeMetricFamily("rdma_hca_build_info", "Build information",
-                                     labels=["version"])
-            info.add_metric([s.version], 1.0)
-            yield info
-            g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",
-                                  labels=["usable"])
-            g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
-            g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
-            yield g
-            return
+        info = GaugeMetricFamily("rdma_hca_build_info", "Build information",
+                                 labels=["version"])
+        info.add_metric([s.version], 1.0)
+        yield info
+        g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",
+                              labels=["usable"])
+        g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
+        g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
+        yield g
+
+    def after_ports(self) -> Iterator[Metric]:
+        s = self.status
         ipv6 = GaugeMetricFamily(
             "rdma_hca_ipv6_ready",
             "1 when every RoCE HCA has a global IPv6 RoCE v2 GID (non-hostNetwork RDMA works)")
@@ -136,6 +137,16 @@ class _Families(Collector):
             yield last
 
 
+class _Collect(Collector):
+    """Families from a function, as the collector a registry renders."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
+
+
 _PROCESS = ProcessCollector(registry=None)
 
 
@@ -143,10 +154,11 @@ def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int =
            ports: PortText | None = None) -> bytes:
     """The exposition text of one snapshot; pure, so it may run on any thread. Pass the
     same ``ports`` to every call to keep the per-port text between scrapes."""
+    families = StatusFamilies(status, http_rejected)
     before = CollectorRegistry(auto_describe=False)
-    before.register(_Families(status, before_ports=True))
+    before.register(_Collect(families.before_ports))
     after = CollectorRegistry(auto_describe=False)
-    after.register(_Families(status, before_ports=False, http_rejected=http_rejected))
+    after.register(_Collect(families.after_ports))
     after.register(_PROCESS)
     for c in extra:
         after.register(c)
