@@ -282,9 +282,6 @@ def shared_ids(count: int) -> list[str]:
     return [f"hca-{i:0{width}d}" for i in range(count)]
 
 
-_SHARED_CACHE: dict[int, frozenset[str]] = {}
-
-
 @functools.lru_cache(maxsize=8)
 def _shared_devices(count: int, healthy: bool, numa: tuple[int, ...]) -> tuple[DeviceInfo, ...]:
     # Every pool update builds the list again (each port-state change, each discovery):
@@ -293,11 +290,9 @@ def _shared_devices(count: int, healthy: bool, numa: tuple[int, ...]) -> tuple[D
     return tuple(DeviceInfo(i, healthy, numa) for i in shared_ids(count))
 
 
+@functools.lru_cache(maxsize=8)
 def _shared_id_set(count: int) -> frozenset[str]:
-    cached = _SHARED_CACHE.get(count)
-    if cached is None:
-        cached = _SHARED_CACHE[count] = frozenset(shared_ids(count))
-    return cached
+    return frozenset(shared_ids(count))
 
 
 def exclusive_ids(hcas: Iterable[Hca]) -> dict[str, str]:
