@@ -167,7 +167,9 @@ class GuardedReads(Reads):
         self.stuck = stuck
 
     def _refuse(self, path: str) -> None:
-        self.stalled.append(path)
+        # Once: working_on may have named it already (stuck in an earlier attempt).
+        if path not in self.stalled:
+            self.stalled.append(path)
         raise ReadStalled(path)
 
     def _watched(self, path: str, base: str, entry: str, call: Callable[[], T]) -> T:
