@@ -100,10 +100,22 @@ def write_line(path: str, text: str) -> None:
 def replace_line(path: str, text: str) -> None:
     """Change a file of a live tree in one step: a sysfs read never sees half an update
     (the kernel makes an attribute's text when it is read), so neither may the daemon."""
-    head, tail = os.path.split(path)
-    tmp = os.path.join(head, f".{tail}.new")
-    write_line(tmp, text)
-    os.replace(tmp, path)
+    replace_lines({path: text})
+
+
+def replace_lines(texts: dict[str, str]) -> None:
+    """Change several files of a live tree, each in one step, and as close together in
+    time as renames go: every new text is written aside first. A port's state and
+    physical state change together in the kernel; writing the second file only after
+    the first is in place would leave a daemon's poll a wide window to see a mix."""
+    aside = []
+    for path, text in texts.items():
+        head, tail = os.path.split(path)
+        tmp = os.path.join(head, f".{tail}.new")
+        write_line(tmp, text)
+        aside.append((tmp, path))
+    for tmp, path in aside:
+        os.replace(tmp, path)
 
 
 def symlink(target: str, link: str) -> None:

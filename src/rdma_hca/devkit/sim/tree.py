@@ -35,6 +35,7 @@ from rdma_hca.devkit.sim.specs import (
     link_local,
     port_guid,
     replace_line,
+    replace_lines,
     symlink,
     write,
     write_line,
@@ -398,8 +399,9 @@ class SimNode(PciTree):
         if not 1 <= port <= len(spec.ports):
             raise KeyError(f"{hca} has no port {port}")
         port_dir = str(self.port_dir(hca, port))
-        replace_line(os.path.join(port_dir, "state"), "4: ACTIVE" if up else "1: DOWN")
-        replace_line(os.path.join(port_dir, "phys_state"), "5: LinkUp" if up else "3: Disabled")
+        replace_lines({os.path.join(port_dir, "state"): "4: ACTIVE" if up else "1: DOWN",
+                       os.path.join(port_dir, "phys_state"):
+                           "5: LinkUp" if up else "3: Disabled"})
         ports = list(spec.ports)
         ports[port - 1] = replace(ports[port - 1], up=up)
         self.specs[hca] = replace(spec, ports=tuple(ports))
