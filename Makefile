@@ -33,7 +33,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(BIN)/python -m rdma_hca.tools.cli bench --out-dir .
+	$(BIN)/python -m rdma_hca.cli bench --out-dir .
 
 proto: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen-proto.sh

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gen-config-docs.py          # rewrite the table
     .venv/bin/python scripts/gen-config-docs.py --check  # exit 1 when it is out of date
 
-The table comes from ``rdma_hca.daemon.settings_decl.SETTINGS``; a test fails when the
+The table comes from ``rdma_hca.settings.decl.SETTINGS``; a test fails when the
 committed page differs, so a new or changed setting is documented in the same commit.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rdma_hca.daemon.config import with_docs_table
+from rdma_hca.settings.config import with_docs_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

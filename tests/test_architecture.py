@@ -1,16 +1,22 @@
 """The folder tree is the architecture: which wing may import which, and no import cycles.
 
-| wing    | may import                                   |
-|---------|----------------------------------------------|
-| kit     | nothing of the package                       |
-| node    | kit                                          |
-| daemon  | node, kit                                    |
-| tools   | node, kit, and daemon's config types only    |
-| devkit  | anything                                     |
+| wing     | may import                       |
+|----------|----------------------------------|
+| kit      | nothing of the package           |
+| node     | kit                              |
+| settings | node, kit                        |
+| daemon   | settings, node, kit              |
+| tools    | settings, node, kit              |
+| devkit   | anything                         |
+| top      | anything (``rdma_hca.cli``)      |
+
+Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use every room;
+the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
+import each other; ``watch``, ``offer`` and ``observe`` know no front end.
 
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
-import is still a dependency. The CLI reaches `serve` and the devkit commands by module
-name (`tools.cli._command`), which is what lets the node image ship without the devkit.
+import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
+which is what lets the node image ship without the devkit.
 """
 
 from __future__ import annotations
@@ -22,17 +28,28 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "rdma_hca"
-WINGS = ("kit", "node", "daemon", "tools", "devkit")
+WINGS = ("kit", "node", "settings", "daemon", "tools", "devkit")
 ALLOWED: dict[str, set[str]] = {
     "kit": set(),
     "node": {"kit"},
-    "daemon": {"node", "kit"},
-    "tools": {"node", "kit"},
+    "settings": {"node", "kit"},
+    "daemon": {"settings", "node", "kit"},
+    "tools": {"settings", "node", "kit"},
     "devkit": set(WINGS),
-    "": set(WINGS),  # rdma_hca/__init__.py
+    "": set(WINGS),  # rdma_hca/__init__.py, rdma_hca/cli.py
 }
-# What tools may take from the daemon: its settings, for `serve`'s flags and `doctor --node`.
-TOOLS_MAY_USE_FROM_DAEMON = ("rdma_hca.daemon.config",)
+ROOMS = ("watch", "offer", "deviceplugin", "dra", "observe", "_proto")
+# Which other rooms of the daemon a room may import; the composition root takes any.
+ROOM_ALLOWED: dict[str, set[str]] = {
+    "watch": set(),
+    "offer": set(),
+    "observe": set(),
+    "_proto": set(),
+    "deviceplugin": {"watch", "offer", "_proto"},
+    "dra": {"watch", "offer", "_proto"},
+    "": set(ROOMS),
+}
+ROOT_MODULE_LIMIT = 6
 
 
 def _modules() -> dict[str, Path]:
@@ -71,6 +88,12 @@ def _imports(module: str, path: Path) -> set[str]:
                 prefix = node.module or ""
             # `from pkg import mod` depends on pkg.mod, `from mod import name` on mod.
             names = [f"{prefix}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "_command"):
+            # The CLI's table: `_command("serve", "rdma_hca.daemon.main", "serve")`.
+            names = [a.value for a in node.args
+                     if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                     and a.value.startswith(PACKAGE + ".")]
         else:
             continue
         for name in names:
@@ -90,7 +113,7 @@ def _wing(module: str) -> str:
 
 
 def test_every_module_is_in_a_wing() -> None:
-    stray = [m for m in MODULES if m != PACKAGE and _wing(m) == ""]
+    stray = [m for m in MODULES if m not in (PACKAGE, f"{PACKAGE}.cli") and _wing(m) == ""]
     assert stray == [], f"modules outside the wings {WINGS}: {stray}"
 
 
@@ -102,10 +125,31 @@ def test_imports_follow_the_wings(module: str) -> None:
         other = _wing(target)
         if other in ("", wing) or other in ALLOWED[wing]:
             continue
-        if wing == "tools" and other == "daemon" and target.startswith(TOOLS_MAY_USE_FROM_DAEMON):
-            continue
         bad.append(target)
     assert bad == [], f"{module} ({wing or 'top'}) may not import {bad}"
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "daemon" and parts[2] in ROOMS:
+        return parts[2]
+    return ""
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _wing(m) == "daemon"))
+def test_daemon_rooms_import_one_way(module: str) -> None:
+    room = _room(module)
+    bad = [t for t in sorted(GRAPH[module])
+           if _wing(t) == "daemon" and _room(t) not in (room, *ROOM_ALLOWED[room])]
+    assert bad == [], f"{module} (daemon room {room or 'root'}) may not import {bad}"
+
+
+def test_every_daemon_module_is_in_a_room_or_the_root() -> None:
+    daemon = SRC / PACKAGE / "daemon"
+    rooms = sorted(p.name for p in daemon.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(ROOMS), f"daemon packages {rooms} are not the rooms {ROOMS}"
+    root = sorted(p.name for p in daemon.glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= ROOT_MODULE_LIMIT, f"the daemon's root holds {root}"
 
 
 def test_no_import_cycles() -> None:
@@ -137,3 +181,12 @@ def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     rel = tmp_path / "__init__.py"
     rel.write_text("from ..daemon import wiring\n")
     assert "rdma_hca.daemon.wiring" in _imports("rdma_hca.tools", rel)
+    table = tmp_path / "cli.py"
+    table.write_text('x = _command("demo", "rdma_hca.devkit.commands", "demo")\n')
+    assert "rdma_hca.devkit.commands" in _imports("rdma_hca.tools.cli", table)
+
+
+def test_the_checker_sees_a_front_end_reaching_into_the_other() -> None:
+    module = "rdma_hca.daemon.dra.driver"
+    room = _room(module)
+    assert _room("rdma_hca.daemon.deviceplugin.pool") not in (room, *ROOM_ALLOWED[room])

@@ -19,13 +19,13 @@ import grpc
 import pytest
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.config import Mode, PoolConfig, Settings, UnhealthyWhen
-from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.pool import shared_ids
+from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.pool import shared_ids
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import AdmissionError, KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.settings.config import Mode, PoolConfig, Settings, UnhealthyWhen
 
 R = "rdma/hca"
 
@@ -249,7 +249,7 @@ async def test_exclusive_mode_on_gpu_node(node: SimNode, plugin_dir: Path,
 
 async def test_several_pools_register_and_restart_independently(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
-    from rdma_hca.daemon.config import Selectors
+    from rdma_hca.settings.config import Selectors
 
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-7]",))),

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.nodes import (
     HcaSpec,
@@ -24,6 +23,7 @@ from rdma_hca.devkit.sim.nodes import (
 )
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.node.sysfs import discover_node
+from rdma_hca.settings.config import Settings
 
 
 def settings_for(node: SimNode, non_host_network: bool) -> Settings:

@@ -183,7 +183,7 @@ def test_config_error_follows_the_json_log_format() -> None:
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "rdma_hca.tools.cli", "serve", "--log-format", "json",
+        [sys.executable, "-m", "rdma_hca.cli", "serve", "--log-format", "json",
          "--rdma-hca-max", "0", "--kubelet-dir", "/nonexistent"],
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2

@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from rdma_hca.daemon.config import Settings
-from rdma_hca.daemon.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
+from rdma_hca.settings.config import Settings
 
 R = "rdma/hca"
 SOCKET = socket_name(R)
@@ -65,7 +65,7 @@ def serve_argv(node: SimNode, plugin_dir: Path, *extra: str,
     """
     address = "" if metrics_port is None else f"127.0.0.1:{metrics_port}"
     argv = [
-        sys.executable, "-m", "rdma_hca.tools.cli", "serve",
+        sys.executable, "-m", "rdma_hca.cli", "serve",
         "--sysfs-root", str(node.sysfs_root),
         "--dev-root", str(node.dev_root),
         "--kubelet-dir", str(plugin_dir),
@@ -495,7 +495,7 @@ async def test_serve_raises_its_open_files_limit(node: SimNode, plugin_dir: Path
         "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "sys.argv = sys.argv[1:]\n"
-        "runpy.run_module('rdma_hca.tools.cli', run_name='__main__')\n"
+        "runpy.run_module('rdma_hca.cli', run_name='__main__')\n"
     )
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard <= 256:

@@ -15,9 +15,9 @@ import pytest
 from test_daemon import R, make_settings
 from test_serve_process import http_get
 
-from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.machine import Glance
-from rdma_hca.daemon.status import Status
+from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.observe.status import Status
+from rdma_hca.daemon.watch.machine import Glance
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
@@ -144,7 +144,7 @@ def test_liveness_of_a_fresh_daemon_counts_from_its_start() -> None:
 def test_health_poll_has_no_default_of_its_own() -> None:
     import inspect
 
-    from rdma_hca.daemon.health import HealthWatcher
+    from rdma_hca.daemon.watch.health import HealthWatcher
 
     param = inspect.signature(HealthWatcher).parameters["poll_seconds"]
     assert param.default is inspect.Parameter.empty

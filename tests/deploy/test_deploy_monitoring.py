@@ -23,10 +23,10 @@ from deploy_support import CHART, VAP_API, WITH_PROMETHEUS_OPERATOR, RenderFn
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_chart import container, one
 
-from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.settings.config import Settings
 
 ALL_ON = {"metrics.podMonitor.enabled": "true", "metrics.prometheusRule.enabled": "true",
           "metrics.grafanaDashboard.enabled": "true"}

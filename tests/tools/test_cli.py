@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.daemon.config import SETTINGS, Settings
+from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.tools import cli
+from rdma_hca.settings.config import SETTINGS, Settings
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,7 @@ def test_closed_stdout_exits_quietly(gpu: sim.SimNode, argv: list[str]) -> None:
     os.close(read_end)  # the reader is gone before anything is written: `| head` at its end
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "rdma_hca.tools.cli", *argv, "--sysfs-root",
+            [sys.executable, "-m", "rdma_hca.cli", *argv, "--sysfs-root",
              str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)],
             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     finally:

@@ -402,7 +402,7 @@ def test_serve_and_the_cli_do_not_load_the_api_client() -> None:
     # lightkube and its HTTP stack load only when doctor builds a client.
     code = (
         "import sys\n"
-        "from rdma_hca.tools.cli import build_parser\n"
+        "from rdma_hca.cli import build_parser\n"
         "import rdma_hca.daemon.wiring, rdma_hca.tools.doctor.cluster\n"
         "build_parser().parse_args(['serve'])\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightkube', 'httpx2', 'httpx'}))\n"

@@ -330,7 +330,7 @@ def test_discover_names_a_file_that_never_answers(small: sim.SimNode) -> None:
 def test_the_discover_command_prints_json_and_exits_0(
     small: sim.SimNode, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rdma_hca.tools import cli
+    from rdma_hca import cli
 
     argv = ["discover", "--json", "--sysfs-root", str(small.sysfs_root),
             "--dev-root", str(small.dev_root)]

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rdma_hca.daemon.config import Settings
-from rdma_hca.daemon.runtime import PoolRuntime
+from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.roce import ipv6_missing
+from rdma_hca.settings.config import Settings
 
 log = logging.getLogger("rdma_hca.node")
 

@@ -16,22 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from rdma_hca import __version__
-from rdma_hca.daemon.allocations import AllocationStats
-from rdma_hca.daemon.cdi import SPEC_FILE, build_spec, write_spec
-from rdma_hca.daemon.config import ConfigError, Settings, overlapping_hcas
+from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+from rdma_hca.daemon.deviceplugin.kubelet import KUBELET_SOCKET, KubeletLifecycle
+from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.dra import DraDriver, DriverConfig
 from rdma_hca.daemon.findings import NodeFindings, evaluate_node
-from rdma_hca.daemon.health import HealthWatcher
-from rdma_hca.daemon.httpserver import MetricsServer
-from rdma_hca.daemon.kubelet import KUBELET_SOCKET, KubeletLifecycle
-from rdma_hca.daemon.machine import MachineReader
-from rdma_hca.daemon.offloop import OffLoop, Stalled
-from rdma_hca.daemon.runtime import PoolRuntime
-from rdma_hca.daemon.status import DraStatus, PoolStatus, Status
+from rdma_hca.daemon.observe.httpserver import MetricsServer
+from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+from rdma_hca.daemon.offer.cdi import SPEC_FILE, build_spec, write_spec
 from rdma_hca.daemon.supervise import Supervisor
+from rdma_hca.daemon.watch.health import HealthWatcher
+from rdma_hca.daemon.watch.machine import MachineReader
+from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.node.model import Gid, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
+from rdma_hca.settings.config import ConfigError, Settings, overlapping_hcas
 
 log = logging.getLogger("rdma_hca.daemon")
 

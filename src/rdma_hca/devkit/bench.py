@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.config import Settings
-from rdma_hca.daemon.kubelet import socket_name
-from rdma_hca.daemon.pool import shared_ids
+from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.pool import shared_ids
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE
 from rdma_hca.devkit.bench_procs import (
@@ -61,6 +60,7 @@ from rdma_hca.devkit.bench_report import (
 )
 from rdma_hca.devkit.bench_trees import LAG_SIZES, step_tree, tree_specs
 from rdma_hca.devkit.dra.bench import DRA_SPECS, dra_figures
+from rdma_hca.settings.config import Settings
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub

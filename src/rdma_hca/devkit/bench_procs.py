@@ -192,7 +192,7 @@ class Child:
 def serve_argv(sysfs_root: str, dev_root: str, kubelet_dir: str, metrics_address: str,
                extra: Sequence[str] = ()) -> list[str]:
     """``rdma-hca serve`` with default settings except paths and the metrics address."""
-    return [sys.executable, "-m", "rdma_hca.tools.cli", "serve",
+    return [sys.executable, "-m", "rdma_hca.cli", "serve",
             "--sysfs-root", sysfs_root, "--dev-root", dev_root, "--kubelet-dir", kubelet_dir,
             "--metrics-address", metrics_address, *extra]
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdma_hca.daemon.config import Settings
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.text import text_table
 from rdma_hca.node.model import NodeInventory
+from rdma_hca.settings.config import Settings
 
 RESOURCE = "rdma/hca"
 

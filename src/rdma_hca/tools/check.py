@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from rdma_hca.daemon.config import BY_KEY, ConfigError, add_flags
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.node.model import Hca
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
+from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command

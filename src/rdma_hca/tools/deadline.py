@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rdma_hca.daemon.config import load_settings
 from rdma_hca.node.reader import DEFAULT_DEADLINE
+from rdma_hca.settings.config import load_settings
 
 
 def read_deadline(args: argparse.Namespace) -> float:

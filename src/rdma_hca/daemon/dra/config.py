@@ -9,10 +9,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rdma_hca.daemon.config import Mode, Selectors
+from rdma_hca.settings.config import Mode, Selectors
 
 if TYPE_CHECKING:
-    from rdma_hca.daemon.settings_model import Settings
+    from rdma_hca.settings.model import Settings
 
 DEFAULT_DRIVER_NAME = "rdma-hca.io"
 DRA_SOCKET = "dra.sock"

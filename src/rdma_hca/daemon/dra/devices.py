@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rdma_hca.daemon.config import Mode
 from rdma_hca.node.model import Hca
+from rdma_hca.settings.config import Mode
 
 STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name

@@ -34,8 +34,8 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
-from rdma_hca.daemon.offloop import OffLoop
 from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 log = logging.getLogger("rdma_hca.dra")

@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
-from rdma_hca.daemon.config import Settings
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.settings.config import Settings
 
 DRIVER = "rdma-hca.io"
 NODE = "bench-node"

@@ -16,15 +16,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rdma_hca.daemon.config import Mode
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
-from rdma_hca.daemon.health import HealthWatcher
+from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.reader import NodeReader
+from rdma_hca.settings.config import Mode
 
 
 class DraStage:

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdma_hca.daemon.config import BY_KEY, add_flags
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
+from rdma_hca.settings.config import BY_KEY, add_flags
 from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
 from rdma_hca.tools.doctor.result import parse_command
 

@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdma_hca.daemon.config import ConfigError, load_settings
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
+from rdma_hca.settings.config import ConfigError, load_settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check

@@ -1,0 +1,300 @@
+"""The ``rdma-hca`` command: wiring only; each subcommand's logic lives in its module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rdma_hca import __version__
+from rdma_hca.kit.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE
+from rdma_hca.kit.logs import setup_logging
+from rdma_hca.settings.config import (
+    BY_KEY,
+    ConfigError,
+    Settings,
+    add_flags,
+    env_warnings,
+    flag_values,
+    load_settings,
+    root_problem,
+)
+
+log = logging.getLogger("rdma_hca.settings.config")
+# The kinds of simulated node `rdma-hca simulate` writes (the devkit builds them).
+SIM_KINDS = ("gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce", "no-rdma")
+
+
+class MissingCommand(Exception):
+    """A subcommand whose wing is not installed (the node image carries no devkit)."""
+
+
+def _command(name: str, module: str, attr: str) -> Any:
+    """Load a subcommand's entry by module name.
+
+    The CLI reaches the daemon and the devkit only through this table of names: the tools
+    wing imports neither, and the node image, which ships without the devkit, answers
+    ``rdma-hca demo`` with one line instead of an import traceback.
+    """
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            raise MissingCommand(
+                f"rdma-hca {name}: not in this installation ({module} is missing); "
+                "it is part of the development kit: run it from a source checkout "
+                "(`make demo`) or `pip install rdma-hca`") from None
+        raise
+    return getattr(mod, attr)
+
+
+# Settings the tools share with `serve` (the same flags, variables and defaults).
+_MACHINE_KEYS = ("sysfsRoot", "devRoot", "kubeletRoot", "kubeletDir", "readDeadlineSeconds")
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML config file (docs/configuration.md; env RDMA_HCA_CONFIG)")
+    add_flags(p)
+
+
+def settings_from_args(args: argparse.Namespace,
+                       env: Mapping[str, str] | None = None) -> Settings:
+    """The settings of ``serve``: its flags over ``RDMA_HCA_*`` over the config file."""
+    return load_settings(getattr(args, "config", None), os.environ if env is None else env,
+                         flag_values(args))
+
+
+def machine_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """The settings a tool shares with ``serve`` (roots, deadline): flags, then variables.
+
+    The config file is not read: where the machine is comes from flags and variables only.
+    """
+    shared = {v for k in _MACHINE_KEYS for v in BY_KEY[k].env}
+    flags = {k: v for k, v in flag_values(args).items() if k in _MACHINE_KEYS}
+    return load_settings(None, {k: v for k, v in env.items() if k in shared}, flags)
+
+
+def _fill_machine_defaults(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
+    """Give the tools' root options not set on the command line the value ``serve`` would
+    use, so RDMA_HCA_SYSFS_ROOT and friends mean the same for every subcommand.
+
+    Returns dest -> how to name where each filled value came from.
+    """
+    dests = {"sysfs_root": "sysfsRoot", "dev_root": "devRoot", "kubelet_dir": "kubeletDir"}
+    deadline = "read_deadline_seconds"
+    if not hasattr(args, deadline) and not any(getattr(args, d, "") is None for d in dests):
+        return {}
+    machine = machine_settings(args, env)
+    if hasattr(args, deadline):
+        # Given as text by the flag or the variable; validated like serve's.
+        setattr(args, deadline, machine.read_deadline_seconds)
+    sources = {}
+    for dest, key in dests.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, getattr(machine, dest))
+            var = next((v for v in BY_KEY[key].env if v in env), None)
+            sources[dest] = var or f"{BY_KEY[key].flag} (default)"
+    return sources
+
+
+def _check_roots(command: str, args: argparse.Namespace, sources: Mapping[str, str]) -> str | None:
+    for dest, kind, flag in (("sysfs_root", "sysfs", "--sysfs-root"),
+                             ("dev_root", "dev", "--dev-root")):
+        path = getattr(args, dest, None)
+        if isinstance(path, str):
+            why = root_problem(kind, path)
+            if why:
+                return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
+    return None
+
+
+def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: str) -> str:
+    message = f"rdma-hca serve: config error: {text}"
+    # Logging is not set up yet; honour a JSON log format asked for by flag or
+    # environment (the config file itself may be what is broken).
+    wanted = getattr(args, "log_format", None) or env.get("RDMA_HCA_LOG_FORMAT", "")
+    if wanted.strip().lower() == "json":
+        message = json.dumps({"level": "error", "logger": "rdma_hca.settings.config",
+                              "message": message})
+    return message
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    given: Mapping[str, str] | None = getattr(args, "environ", None)
+    env = os.environ if given is None else given
+    try:
+        settings = settings_from_args(args, env)
+        for kind, path, key in (("sysfs", settings.sysfs_root, "sysfsRoot"),
+                                ("dev", settings.dev_root, "devRoot")):
+            why = root_problem(kind, path)
+            if why:
+                raise ConfigError(key, path, why)
+    except ConfigError as exc:
+        print(_config_error_line(args, env, str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    if settings.warnings:
+        # The same log format as the daemon's lines that follow.
+        setup_logging(settings.log_format.value, settings.log_level)
+        for line in settings.warnings:
+            log.warning("%s", line)
+    serve: Callable[[Settings], int] = _command("serve", "rdma_hca.daemon.main", "serve")
+    return serve(settings)
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from rdma_hca.tools import report
+
+    return report.run(args)
+
+
+def _simulate_dir_problem(directory: str) -> str | None:
+    """Why a simulated node cannot be written into ``directory``, or None (it is created)."""
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        return f"{root} is a file: give a new or empty directory"
+    parent = root.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        return f"{root} cannot be made: {parent} is a file, not a directory"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".rdma-hca-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        return (f"{root} cannot be written ({exc.strerror or exc}): give a new or empty "
+                "directory you may write to")
+    return None
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    why = _simulate_dir_problem(args.dir)
+    if why:
+        print(f"rdma-hca simulate: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    simulate: Callable[[str, str], int] = _command(
+        "simulate", "rdma_hca.devkit.commands", "simulate")
+    try:
+        return simulate(args.kind, args.dir)
+    except OSError as exc:
+        print(f"rdma-hca simulate: cannot write the node into {args.dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    demo: Callable[[bool], int] = _command("demo", "rdma_hca.devkit.commands", "demo")
+    return demo(args.verbose)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    bench: Callable[[str, bool], int] = _command("bench", "rdma_hca.devkit.commands", "bench")
+    return bench(args.out_dir, args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdma-hca",
+        description="Kubernetes device plugin offering the node's RDMA HCAs as rdma/hca.",
+    )
+    parser.add_argument("--version", action="version", version=f"rdma-hca {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the device plugin until SIGTERM or SIGINT")
+    _serve_flags(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    disc = sub.add_parser("discover", help="print the node's RDMA HCAs, ports and device nodes")
+    disc.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_flags(disc, [BY_KEY["sysfsRoot"], BY_KEY["devRoot"], BY_KEY["readDeadlineSeconds"]])
+    disc.set_defaults(func=cmd_discover)
+
+    simulate = sub.add_parser("simulate", help="write a simulated node's sysfs and /dev trees "
+                                               "(to try discover, doctor --node, serve)")
+    simulate.add_argument("--kind", default="gpu",
+                          choices=SIM_KINDS)
+    simulate.add_argument("dir", help="a new or empty directory")
+    simulate.set_defaults(func=cmd_simulate)
+
+    demo = sub.add_parser("demo", help="run the plugin on a simulated GPU node with a kubelet "
+                                       "emulator")
+    demo.add_argument("--verbose", action="store_true", help="also show the daemon's log")
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="measure start-up, Allocate, health and discovery")
+    bench.add_argument("--out-dir", default=".", metavar="DIR",
+                       help="where BENCHMARKS.md and benchmarks.json are written")
+    bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
+    bench.set_defaults(func=cmd_bench)
+
+    from rdma_hca.tools import check, doctor
+
+    doctor.add_parser(sub)
+    check.add_parser(sub)
+    for name, p in sub.choices.items():
+        if name != "serve":
+            # None means "not given": main fills these from RDMA_HCA_* as serve would.
+            p.set_defaults(**{d: None for d in ("sysfs_root", "dev_root", "kubelet_dir")
+                              if any(a.dest == d for a in p._actions)})
+    return parser
+
+
+def _quiet_stdout() -> None:
+    # Later writes (and the flush at exit) go nowhere instead of raising again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
+    """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
+    env = os.environ if env is None else env
+    parser = build_parser()
+    # argparse's own output (--help, usage errors) already ignores a closed pipe.
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    command = args.command
+    args.environ = env  # what cmd_serve reads, so main(env=...) means the same everywhere
+    try:
+        if command != "serve":
+            for line in env_warnings(env):
+                print(f"rdma-hca {command}: warning: {line}", file=sys.stderr)
+            sources = _fill_machine_defaults(args, env)
+            if command in ("discover", "check") or getattr(args, "node", False):
+                why = _check_roots(command, args, sources)
+                if why:
+                    print(why, file=sys.stderr)
+                    return EXIT_USAGE
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except ConfigError as exc:
+        print(f"rdma-hca {command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MissingCommand as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # `rdma-hca discover | head`: the reader has what it wanted.
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

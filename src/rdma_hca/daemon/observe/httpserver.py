@@ -1,0 +1,146 @@
+"""``/metrics``, ``/healthz`` and ``/readyz`` on one small asyncio HTTP server.
+
+It reads the daemon only through a status snapshot (a callable returning a frozen
+:class:`Status`). ``/metrics`` renders that snapshot on a worker thread, so what a
+scrape costs the event loop does not grow with the node. Concurrent connections are
+capped: the port may listen on every address of the node (hostNetwork), and a flood
+of connections must not take the file descriptors discovery needs; a client over the
+cap gets 503 at once and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.registry import Collector
+
+from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
+from rdma_hca.daemon.observe.port_metrics import PortText
+from rdma_hca.daemon.observe.status import Status
+
+log = logging.getLogger("rdma_hca.metrics")
+
+MAX_CONNECTIONS = 64
+READ_TIMEOUT = 5.0
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+class BindError(Exception):
+    """The HTTP address cannot be listened on; the message is one line for the operator."""
+
+
+def split_address(address: str) -> tuple[str | None, int]:
+    """``HOST:PORT`` (``[v6]:PORT``, or ``:PORT`` for every address) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return (host.removeprefix("[").removesuffix("]") or None), int(port)
+
+
+def _response(status: int, ctype: str, body: bytes, head_only: bool = False) -> bytes:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    return head if head_only else head + body
+
+
+class MetricsServer:
+    def __init__(self, status: Callable[[], Status], address: str, *,
+                 collectors: Iterable[Collector] = (),
+                 on_scrape: Callable[[], None] | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.status = status
+        self.address = address
+        self.host, self.port = split_address(address)
+        self.collectors = tuple(collectors)
+        self.on_scrape = on_scrape
+        self.max_connections = max_connections
+        self.rejected = 0
+        self._active = 0
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._ports = PortText()
+
+    @property
+    def bound_port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        except OSError as exc:
+            why = ("the address is already in use" if exc.errno == errno.EADDRINUSE
+                   else exc.strerror or str(exc))
+            raise BindError(f"cannot serve HTTP on {self.address!r}: {why}; choose another "
+                            "HOST:PORT with --metrics-address (metricsAddress), or leave it "
+                            "empty to turn the endpoints off") from None
+        log.info("serving /metrics, /healthz and /readyz on %s (port %d)",
+                 self.address, self.bound_port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for t in list(self._handlers):
+                t.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+
+    async def respond(self, path: str) -> tuple[int, str, bytes]:
+        path = path.split("?", 1)[0]
+        if path == "/metrics":
+            if self.on_scrape is not None:
+                self.on_scrape()
+            body = await asyncio.to_thread(render, self.status(), self.collectors,
+                                           self.rejected, self._ports)
+            return 200, CONTENT_TYPE, body
+        if path == "/healthz":
+            alive = self.status().liveness(time.time())
+            if alive.ok:
+                return 200, "text/plain", b"ok\n"
+            return 503, "text/plain", (alive.reason + "\n").encode()
+        if path == "/readyz":
+            s = self.status()
+            if s.ready:
+                return 200, "text/plain", b"registered with the kubelet\n"
+            return 503, "text/plain", ("not registered yet: " + ", ".join(s.waiting)
+                                       + "\n").encode()
+        return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if self._active >= self.max_connections:
+            self.rejected += 1
+            with contextlib.suppress(Exception):
+                writer.write(_response(503, "text/plain", b"too many connections\n"))
+                writer.close()
+            return
+        self._active += 1
+        self._handlers.add(task)
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self._active -= 1
+            self._handlers.discard(task)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            line = request.split(b"\r\n", 1)[0].decode("latin-1").split()
+            if len(line) < 2 or line[0] not in {"GET", "HEAD"}:
+                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+            else:
+                status, ctype, body = await self.respond(line[1])
+            writer.write(_response(status, ctype, body, head_only=bool(line) and line[0] == "HEAD"))
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()

@@ -1,0 +1,166 @@
+"""The Prometheus families of ``/metrics``, rendered from one :class:`Status` record.
+
+Gauges and counters are derived from the status snapshot at scrape time, so the
+metrics never hold a second copy of the state that could drift from what the kubelet
+is told. Port counters come from the health loop's cache (read off the event loop),
+never from sysfs at scrape time; the per-port families, most of the text, are written
+by ``port_metrics`` and kept between scrapes. The names are a contract with the chart's
+alerts and dashboard: change them only together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from rdma_hca.daemon.observe.port_metrics import PortText
+from rdma_hca.daemon.observe.status import Status
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    # prometheus_client appends _total itself.
+    return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
+
+
+class StatusFamilies:
+    """Every family derived from one snapshot (plus what the HTTP server counts), in the
+    two parts that the per-port families (``port_metrics``) go between."""
+
+    def __init__(self, status: Status, http_rejected: int = 0) -> None:
+        self.status = status
+        self.http_rejected = http_rejected
+
+    def before_ports(self) -> Iterator[Metric]:
+        s = self.status
+        info = GaugeMetricFamily("rdma_hca_build_info", "Build information",
+                                 labels=["version"])
+        info.add_metric([s.version], 1.0)
+        yield info
+        g = GaugeMetricFamily("rdma_hca_hcas", "RDMA HCAs discovered on the node",
+                              labels=["usable"])
+        g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
+        g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
+        yield g
+
+    def after_ports(self) -> Iterator[Metric]:
+        s = self.status
+        ipv6 = GaugeMetricFamily(
+            "rdma_hca_ipv6_ready",
+            "1 when every RoCE HCA has a global IPv6 RoCE v2 GID (non-hostNetwork RDMA works)")
+        ipv6.add_metric([], 1.0 if s.ipv6_ready else 0.0)
+        yield ipv6
+        yield from self._pools(s)
+        yield from self._daemon(s)
+        yield from self._dra(s)
+
+    def _dra(self, s: Status) -> Iterator[Metric]:
+        if s.dra is None:
+            return
+        registered = GaugeMetricFamily("rdma_hca_dra_registered",
+                                       "1 while registered with the kubelet's plugin watcher")
+        registered.add_metric([], 1.0 if s.dra.registered else 0.0)
+        yield registered
+        regs = _counter("rdma_hca_dra_registrations_total",
+                        "Times the kubelet's plugin watcher registered the DRA driver")
+        regs.add_metric([], s.dra.registrations)
+        yield regs
+        claims = GaugeMetricFamily("rdma_hca_dra_prepared_claims",
+                                   "ResourceClaims prepared on this node")
+        claims.add_metric([], s.dra.prepared_claims)
+        yield claims
+        published = GaugeMetricFamily("rdma_hca_dra_slice_published",
+                                      "1 when the node's ResourceSlice matches the HCAs, 0 "
+                                      "while publishing it fails")
+        published.add_metric([], 0.0 if s.dra.publish_error else 1.0)
+        yield published
+
+    def _pools(self, s: Status) -> Iterator[Metric]:
+        total = GaugeMetricFamily("rdma_hca_pool_devices", "Devices advertised to the kubelet",
+                                  labels=["resource"])
+        healthy = GaugeMetricFamily("rdma_hca_pool_devices_healthy",
+                                    "Devices advertised as Healthy", labels=["resource"])
+        hcas = GaugeMetricFamily("rdma_hca_pool_hcas", "HCAs the pool selects",
+                                 labels=["resource"])
+        missing = GaugeMetricFamily("rdma_hca_hca_missing",
+                                    "1 while an HCA the pool held has vanished",
+                                    labels=["resource", "hca"])
+        registered = GaugeMetricFamily("rdma_hca_registered",
+                                       "1 while registered with the kubelet", labels=["resource"])
+        regs = _counter("rdma_hca_registrations_total",
+                        "Successful registrations with the kubelet", ["resource"])
+        for p in s.pools:
+            total.add_metric([p.resource], p.devices)
+            healthy.add_metric([p.resource], p.healthy)
+            hcas.add_metric([p.resource], p.hcas)
+            for name in p.missing:
+                missing.add_metric([p.resource, name], 1.0)
+            registered.add_metric([p.resource], 1.0 if p.registered else 0.0)
+            regs.add_metric([p.resource], p.registrations)
+        yield from (total, healthy, hcas, missing, registered, regs)
+        allocs = _counter("rdma_hca_allocations_total", "Allocate calls answered",
+                          ["resource", "result"])
+        for (resource, ok), n in sorted(s.allocations.items()):
+            allocs.add_metric([resource, "ok" if ok else "error"], n)
+        yield allocs
+
+    def _daemon(self, s: Status) -> Iterator[Metric]:
+        restarts = _counter("rdma_hca_kubelet_restarts_total",
+                            "Times kubelet.sock was created again")
+        restarts.add_metric([], s.kubelet_restarts)
+        yield restarts
+        stalls = _counter("rdma_hca_sysfs_stalls_total",
+                          "Reads of the machine, and writes of the daemon's own files, "
+                          "that passed their deadline")
+        stalls.add_metric([], s.sysfs_stalls)
+        yield stalls
+        errors = _counter("rdma_hca_discovery_errors_total",
+                          "Discoveries that failed (fd or memory errors) and kept the last "
+                          "state", ["reason"])
+        for reason in sorted({"fd", "memory", *s.discovery_errors}):
+            errors.add_metric([reason], s.discovery_errors.get(reason, 0))
+        yield errors
+        rejected = _counter("rdma_hca_http_connections_rejected_total",
+                            "HTTP connections refused over the connection cap")
+        rejected.add_metric([], self.http_rejected)
+        yield rejected
+        if s.health_last_pass is not None:
+            last = GaugeMetricFamily("rdma_hca_health_last_pass_timestamp_seconds",
+                                     "Unix time the health loop last completed a pass")
+            last.add_metric([], s.health_last_pass)
+            yield last
+
+
+class _Collect(Collector):
+    """Families from a function, as the collector a registry renders."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
+
+
+_PROCESS = ProcessCollector(registry=None)
+
+
+def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int = 0,
+           ports: PortText | None = None) -> bytes:
+    """The exposition text of one snapshot; pure, so it may run on any thread. Pass the
+    same ``ports`` to every call to keep the per-port text between scrapes."""
+    families = StatusFamilies(status, http_rejected)
+    before = CollectorRegistry(auto_describe=False)
+    before.register(_Collect(families.before_ports))
+    after = CollectorRegistry(auto_describe=False)
+    after.register(_Collect(families.after_ports))
+    after.register(_PROCESS)
+    for c in extra:
+        after.register(c)
+    port_text = (ports or PortText()).get(status.hcas, status.counters, status.state_changes)
+    return generate_latest(before) + port_text + generate_latest(after)

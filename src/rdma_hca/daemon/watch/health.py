@@ -1,0 +1,342 @@
+"""Keeping the pools' view of the node current: port state, HCAs and device nodes.
+
+A full discovery reads thousands of small files (GID tables), so it runs only when
+something changed. What runs every poll is a cheap fingerprint: the HCA names, each
+port's state and physical state, and the names of the verbs and /dev entries. A link
+event on one of the HCAs' netdevs (rtnetlink) wakes the poll at once, so a port
+that goes down is noticed in milliseconds where netlink is available and within one
+poll interval where it is not.
+
+Every read runs off the event loop with a deadline (the machine reader's job). An HCA
+whose read passes the deadline comes back with its ports UNKNOWN, so its devices count
+as unhealthy under ``unhealthyWhen`` until it answers again. A discovery that
+fails for want of file descriptors or memory keeps the last known state: "no HCAs"
+would turn every device Unhealthy for a reason that has nothing to do with the HCAs.
+
+Events are coalesced: a burst of link events costs one re-read at its start and one
+at its end, and the full re-read that follows a port change waits until the port has
+been quiet for a moment, so a flapping link costs little CPU and few stream updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from rdma_hca.daemon.watch.machine import MachineReader, PortCounters, failure_reason
+from rdma_hca.kit.aio import wait_event
+from rdma_hca.node import netlink
+from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.reads import ReadStalled
+
+log = logging.getLogger("rdma_hca.health")
+
+Fingerprint = tuple[object, ...]
+EventSource = Callable[[], AsyncIterator[netlink.NetdevEvent]]
+
+COALESCE_SECONDS = 0.3  # link events closer than this make one re-read
+SETTLE_SECONDS = 0.5  # the full re-read after a port change waits for this much quiet
+COUNTER_SECONDS = 5.0  # how often the counter cache is re-read while someone scrapes
+SCRAPE_IDLE_SECONDS = 300.0  # after this long without a scrape, counters are not re-read
+
+
+async def _netlink_events() -> AsyncIterator[netlink.NetdevEvent]:
+    try:
+        sock = netlink.open_socket()
+    except OSError as exc:
+        log.info("rtnetlink events unavailable (%s); port state is polled only", exc)
+        return
+    async for event in netlink.events(sock):
+        yield event
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    # Without events the polls still see every change, only later: say so, loudly.
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        assert exc is not None
+        log.error("the rtnetlink watcher failed; port state is polled only",
+                  exc_info=(type(exc), exc, exc.__traceback__))
+
+
+class View(Protocol):
+    """What follows the node in step with the watcher (a pool's view: computation only)."""
+
+    async def update(self, inventory: NodeInventory) -> object: ...
+
+
+class HealthWatcher:
+    """``poll_seconds`` has no default here: the setting declares it."""
+
+    def __init__(
+        self,
+        runtimes: Sequence[View],
+        reader: MachineReader,
+        *,
+        poll_seconds: float,
+        full_seconds: float = 300.0,
+        events: EventSource | None = _netlink_events,
+        on_inventory: Callable[[NodeInventory], Awaitable[None]] | None = None,
+    ) -> None:
+        self.runtimes = list(runtimes)
+        self.reader = reader
+        self.poll_seconds = poll_seconds
+        self.full_seconds = full_seconds
+        self.events = events
+        self.on_inventory = on_inventory
+        self.inventory: NodeInventory | None = None
+        self.counters: PortCounters = {}
+        self.state_changes: dict[tuple[str, int], int] = {}
+        self.discovery_errors: dict[str, int] = {}
+        self.last_pass: float | None = None  # unix time of the last completed pass
+        self.events_seen = 0
+        self.passes = 0
+        self._poke = asyncio.Event()
+        self._full_requested = False
+        self._full_at: float | None = None
+        self._fingerprint: Fingerprint = ()
+        self._warned: set[str] = set()
+        self._discovery_failing: str | None = None
+        self._scraped_at: float | None = None
+        self._counters_at: float | None = None
+        self._netdevs_of: NodeInventory | None = None
+        self._netdev_names: frozenset[str] = frozenset()
+
+    def poke(self, full: bool = False) -> None:
+        """Re-read port state now instead of at the next poll (everything, with ``full``)."""
+        self._full_requested = self._full_requested or full
+        self._poke.set()
+
+    def want_counters(self) -> None:
+        """Someone read the counters: keep the cache fresh (counters cost many reads)."""
+        self._scraped_at = asyncio.get_running_loop().time()
+
+    async def fingerprint(self) -> Fingerprint:
+        glance = await self.reader.glance()
+        names, verbs, mad, dev = glance.listings
+        return (names, tuple(sorted(glance.states.items())), verbs, mad, dev,
+                tuple(sorted(self.reader.stuck)))
+
+    async def _fingerprint_or_none(self) -> Fingerprint:
+        """The fingerprint, or () when it cannot be read now (stuck, or out of fds)."""
+        try:
+            return await self.fingerprint()
+        except ReadStalled:
+            return ()
+        except Exception as exc:
+            if failure_reason(exc) is None:
+                raise
+            return ()
+
+    async def refresh(self) -> NodeInventory:
+        """Discover the node and hand the result to every pool."""
+        before = await self._fingerprint_or_none()
+        inventory = await self._discover()
+        # The node may change while discovery reads it; then the inventory may hold the
+        # old or the new state. Storing no fingerprint makes the next pass look again
+        # (at once: the next poll may be far), where storing the older one could match
+        # the files and hide a stale inventory.
+        after = await self._fingerprint_or_none()
+        if after == before:
+            self._fingerprint = before
+        elif before and after and before[0] == after[0] and before[2:] == after[2:]:
+            # Only port states moved (a flapping link): no states at all are remembered,
+            # so the next pass applies the current ones at once, the quick way, and the
+            # full re-read follows once they settle. A full re-read now could find them
+            # moving again, and a flapping port's last state would wait for it.
+            self._fingerprint = (after[0], (), *after[2:])
+        else:
+            self._fingerprint = ()
+        if before and after and after != before:
+            self._poke.set()  # (an unreadable fingerprint waits for the next poll instead)
+        for w in inventory.warnings:
+            if w not in self._warned:
+                self._warned.add(w)
+                log.warning("sysfs: %s", w)
+        await self._publish(inventory)
+        return self.inventory or inventory
+
+    async def _discover(self) -> NodeInventory:
+        last = self.inventory
+        try:
+            inventory = await self.reader.discover()
+        except Exception as exc:
+            reason = failure_reason(exc)
+            if reason is None:
+                raise
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            self.discovery_errors = {**self.discovery_errors,
+                                     reason: self.discovery_errors.get(reason, 0) + 1}
+            if self._discovery_failing != reason:
+                log.error("discovery failed (%s: %s); keeping the last known state of the "
+                          "node until it works again", reason, exc)
+                self._discovery_failing = reason
+            return last or NodeInventory((), None, None)
+        if self._discovery_failing is not None:
+            log.info("discovery works again")
+            self._discovery_failing = None
+        return inventory
+
+    async def _publish(self, inventory: NodeInventory) -> None:
+        """Hand an inventory to every pool, then to whoever else follows the node."""
+        self._count_changes(inventory)
+        self.inventory = inventory
+        # The loop gets a turn between the steps: at 256 HCAs each costs it a millisecond
+        # or two, and an Allocate or a probe waiting behind all of them would wait for
+        # their sum.
+        for runtime in self.runtimes:
+            await asyncio.sleep(0)
+            await runtime.update(inventory)
+        if self.on_inventory is not None:
+            await asyncio.sleep(0)
+            await self.on_inventory(inventory)
+
+    def _count_changes(self, inventory: NodeInventory) -> None:
+        if self.inventory is None:
+            return
+        before = {(h.name, p.number): p.is_up for h in self.inventory.hcas for p in h.ports}
+        changed = [(h.name, p.number) for h in inventory.hcas for p in h.ports
+                   if before.get((h.name, p.number), p.is_up) != p.is_up]
+        if changed:
+            # A new dict, never an edit: a scrape may be rendering the old one on a thread.
+            counts = dict(self.state_changes)
+            for key in changed:
+                counts[key] = counts.get(key, 0) + 1
+            self.state_changes = counts
+
+    def _only_states_differ(self, fingerprint: Fingerprint) -> bool:
+        old = self._fingerprint
+        return (self.inventory is not None and len(old) == len(fingerprint)
+                and old[0] == fingerprint[0] and old[2:5] == fingerprint[2:5])
+
+    async def _apply_port_states(self, fingerprint: Fingerprint) -> None:
+        assert self.inventory is not None
+        states = dict(fingerprint[1])  # type: ignore[call-overload]
+        hcas = tuple(
+            replace(h, ports=tuple(
+                replace(p, state=states[(h.name, p.number)][0],
+                        phys_state=states[(h.name, p.number)][1])
+                if (h.name, p.number) in states else p
+                for p in h.ports))
+            for h in self.inventory.hcas
+        )
+        await self._publish(replace(self.inventory, hcas=hcas))
+
+    async def run(self) -> None:
+        if self.inventory is None:
+            await self.refresh()
+        watch = (asyncio.create_task(self._watch_links(), name="netlink")
+                 if self.events is not None else None)
+        if watch is not None:
+            watch.add_done_callback(_report_end)
+        loop = asyncio.get_running_loop()
+        last_full = loop.time()
+        try:
+            while True:
+                await wait_event(self._poke, self._next_wait(loop.time()))
+                self._poke.clear()
+                now = loop.time()
+                due = (self._full_requested or now - last_full >= self.full_seconds
+                       or (self._full_at is not None and now >= self._full_at))
+                self._full_requested = False
+                try:
+                    if await self._check(due):
+                        last_full = loop.time()
+                        self._full_at = None
+                    await self._refresh_counters(loop.time())
+                except Exception:
+                    # Whatever went wrong, the watcher must outlive it: a dead watcher
+                    # would freeze the device list in whatever state it had.
+                    log.exception("health check failed; trying again at the next poll")
+                else:
+                    self.last_pass = time.time()
+                    self.passes += 1
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    def _next_wait(self, now: float) -> float:
+        if self._full_at is None:
+            return self.poll_seconds
+        return max(0.0, min(self.poll_seconds, self._full_at - now))
+
+    async def _check(self, due: bool) -> bool:
+        """One poll; returns True when it ran a full discovery."""
+        fingerprint = await self._fingerprint_or_none()
+        if (fingerprint and fingerprint != self._fingerprint
+                and self._only_states_differ(fingerprint)):
+            # Publish the new port states first: a dead port must reach the kubelet
+            # now, not after a full pass over thousands of GID files. The rest (rates,
+            # GIDs) is re-read once the port has been quiet for a moment.
+            await self._apply_port_states(fingerprint)
+            self._fingerprint = fingerprint
+            self._full_at = asyncio.get_running_loop().time() + SETTLE_SECONDS
+            return False
+        if due or fingerprint != self._fingerprint:
+            await self.refresh()
+            return True
+        return False
+
+    async def refresh_counters(self) -> None:
+        """Re-read every port's counters into the cache the scrapes serve."""
+        self._counters_at = asyncio.get_running_loop().time()
+        self.counters = await self.reader.port_counters()
+
+    async def _refresh_counters(self, now: float) -> None:
+        idle = self._scraped_at is None or now - self._scraped_at > SCRAPE_IDLE_SECONDS
+        if self._counters_at is not None and (idle or now - self._counters_at < COUNTER_SECONDS):
+            return
+        await self.refresh_counters()
+
+    def _netdevs(self) -> frozenset[str]:
+        # Asked once per event, and a flood of events must stay cheap: computed once
+        # per inventory.
+        inv = self.inventory
+        if inv is None:
+            return frozenset()
+        if self._netdevs_of is not inv:
+            self._netdevs_of = inv
+            self._netdev_names = frozenset(n for h in inv.hcas for n in h.netdevs)
+        return self._netdev_names
+
+    async def _watch_links(self) -> None:
+        assert self.events is not None
+        loop = asyncio.get_running_loop()
+        quiet_until = 0.0
+        pending: asyncio.TimerHandle | None = None
+        full = False
+
+        def fire() -> None:
+            nonlocal pending, full
+            pending = None
+            self.poke(full=full)
+            full = False
+
+        try:
+            async for event in self.events():
+                if event.ifname is not None and event.ifname not in self._netdevs():
+                    continue
+                self.events_seen += 1
+                log.debug("%s event on %s", event.kind, event.ifname or "a netdev")
+                # An address change changes the RoCE GIDs: only a full pass sees those.
+                full = full or event.kind == "address"
+                now = loop.time()
+                if pending is None and now >= quiet_until:
+                    fire()  # the first event of a burst: look at once
+                elif pending is None:
+                    # Inside a burst: one more look when it has been quiet a moment,
+                    # so the final state is always seen.
+                    pending = loop.call_at(quiet_until, fire)
+                quiet_until = now + COALESCE_SECONDS
+        except OSError as exc:
+            log.info("rtnetlink events stopped (%s); port state is polled only", exc)
+        finally:
+            if pending is not None:
+                pending.cancel()

@@ -1,0 +1,85 @@
+"""Checks of settings against each other and against the machine.
+
+Whether the device-plugin pools and the DRA driver could offer the same HCA (known from the
+config alone, or after discovery), the union of what they select, and whether a sysfs or
+/dev root is plausible. Importable from ``rdma_hca.settings.config``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import Any
+
+from rdma_hca.node.model import Hca
+from rdma_hca.settings.model import Selectors, Settings, norm_hex
+
+
+def _names_meet(a: Sequence[str], b: Sequence[str]) -> bool:
+    """True when some pattern of ``a`` and one of ``b`` surely select a common name."""
+    return any(x == y or fnmatchcase(x, y) or fnmatchcase(y, x) for x in a for y in b)
+
+
+def _exact_disjoint(a: Sequence[str], b: Sequence[str], norm: Any = str.lower) -> bool:
+    return bool(a) and bool(b) and not {norm(x) for x in a} & {norm(y) for y in b}
+
+
+def surely_shared(a: Selectors, b: Selectors) -> bool:
+    """Known without looking at the node: both selectors take some same HCA.
+
+    Either takes every HCA, or both name the same HCAs (literally or by a glob that matches
+    the other's pattern) and no other list tells them apart.
+    """
+    if a.takes_all or b.takes_all:
+        return True
+    if not (a.names and b.names and _names_meet(a.names, b.names)):
+        return False
+    return not (
+        _exact_disjoint(a.drivers, b.drivers)
+        or _exact_disjoint(a.link_layers, b.link_layers)
+        or _exact_disjoint(a.pci_vendors, b.pci_vendors, norm_hex)
+        or _exact_disjoint(a.pci_devices, b.pci_devices, norm_hex)
+    )
+
+
+def overlapping_hcas(settings: Settings, hcas: Sequence[Hca]) -> dict[str, list[str]]:
+    """HCA name -> its owners (``"pool rdma/hca"``, ``"dra"``) for every HCA more than one
+    owner selects: the daemon checks this after discovery, where globs and drivers are known."""
+    owners: dict[str, list[str]] = {}
+    for pool in settings.pools:
+        for h in hcas:
+            if pool.selectors.matches(h):
+                owners.setdefault(h.name, []).append(f"pool {pool.resource_name}")
+    if settings.dra.enabled:
+        for h in hcas:
+            if settings.dra.selectors.matches(h):
+                owners.setdefault(h.name, []).append("dra")
+    return {name: who for name, who in owners.items() if len(who) > 1}
+
+
+def selected_hcas(settings: Settings, hcas: Sequence[Hca]) -> tuple[Hca, ...]:
+    """The union of the pools' HCAs (and DRA's, when enabled), in the order given."""
+    selectors = [p.selectors for p in settings.pools]
+    if settings.dra.enabled:
+        selectors.append(settings.dra.selectors)
+    return tuple(h for h in hcas if any(s.matches(h) for s in selectors))
+
+
+def root_problem(kind: str, path: str) -> str | None:
+    """Why ``path`` cannot be the sysfs (``kind="sysfs"``) or /dev (``"dev"``) root, or None.
+
+    A root without class/infiniband is fine (a node without RDMA); a missing one, a file,
+    or the directory above the real root (``/`` instead of ``/sys``) is not.
+    """
+    if not os.path.exists(path):
+        return f"{path} does not exist: give the directory where {kind} is mounted"
+    if not os.path.isdir(path):
+        return f"{path} is not a directory: give the directory where {kind} is mounted"
+    sub, markers = ("sys", ("class",)) if kind == "sysfs" else ("dev", ("infiniband", "null"))
+    inner = os.path.join(path, sub)
+    if not any(os.path.exists(os.path.join(path, m)) for m in markers) and any(
+            os.path.exists(os.path.join(inner, m)) for m in markers):
+        return (f"{path} has no {markers[0]}/ but {inner} looks like the {kind} root: "
+                f"did you mean {inner}?")
+    return None

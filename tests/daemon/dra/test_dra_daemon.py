@@ -1,0 +1,133 @@
+"""The DRA driver inside the daemon: `rdma-hca serve` with `dra.enabled`, alone or beside
+the device plugin, against the DRA kubelet emulator and the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rdma_hca.daemon.wiring import Daemon
+from rdma_hca.devkit.dra.apiserver import FakeApiServer
+from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.settings.config import ConfigError, DraConfig, PoolConfig, Selectors, Settings
+
+DRIVER = "rdma-hca.io"
+NODE = "node-a"
+
+
+@pytest.fixture
+def kubelet_root() -> Iterator[str]:
+    # Unix socket paths are limited to 107 bytes: a short root under /tmp.
+    root = tempfile.mkdtemp(prefix="dra-d-", dir="/tmp")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.status, resp.read().decode()
+
+
+def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings:
+    base: dict[str, object] = {
+        "sysfs_root": str(node.sysfs_root), "dev_root": str(node.dev_root),
+        "kubelet_root": root, "node_name": NODE, "metrics_address": "127.0.0.1:0",
+        "device_plugin_enabled": False, "dra": DraConfig(enabled=True),
+    }
+    base.update(kw)
+    settings = Settings(**base)  # type: ignore[arg-type]
+    os.makedirs(settings.kubelet_dir, exist_ok=True)
+    return settings
+
+
+async def test_dra_alone_publishes_registers_and_reports(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+    daemon = Daemon(_settings(dra_node, kubelet_root, tmp_path), netlink=False)
+    try:
+        await daemon.start()
+        assert await kubelet.wait_registered(DRIVER)
+        assert await wait_until(lambda: len(api.slices(NODE)) == 1, 10.0)
+        (published,) = api.slices(NODE)
+        names = {d["name"] for d in published["spec"]["devices"]}
+        assert "mlx5-0" in names
+        assert not daemon.runtimes  # DRA alone: no device plugin pool
+        assert await wait_until(lambda: daemon.ready(), 10.0)
+        assert daemon.http is not None
+        url = f"http://127.0.0.1:{daemon.http.bound_port}"
+        status, text = await asyncio.to_thread(_get, url + "/metrics")
+        assert "rdma_hca_dra_registered 1.0" in text
+        assert "rdma_hca_dra_prepared_claims 0.0" in text
+        status, text = await asyncio.to_thread(_get, url + "/readyz")
+        assert status == 200, text
+        # A port going down reaches the slice through the daemon's own health loop.
+        dra_node.set_port("mlx5_0", up=False)
+
+        def tainted() -> bool:
+            devices = {d["name"]: d for s in api.slices(NODE) for d in s["spec"]["devices"]}
+            return bool(devices.get("mlx5-0", {}).get("taints"))
+
+        assert await wait_until(tainted, 10.0)
+    finally:
+        await daemon.stop()
+        await kubelet.stop()
+    registry = os.path.join(kubelet_root, "plugins_registry")
+    assert not [n for n in os.listdir(registry) if n.endswith(".sock")]
+
+
+async def test_an_hca_both_dra_and_a_pool_select_stops_the_start(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path) -> None:
+    settings = _settings(
+        dra_node, kubelet_root, tmp_path, device_plugin_enabled=True,
+        pools=(PoolConfig(selectors=Selectors(names=("mlx5_0", "mlx5_1"))),),
+        dra=DraConfig(enabled=True, selectors=Selectors(names=("mlx5_[12]",))))
+    daemon = Daemon(settings, netlink=False)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await daemon.start()
+    finally:
+        await daemon.stop()
+    assert "mlx5_1 (pool rdma/hca and dra)" in str(caught.value)
+    assert "mlx5_0" not in str(caught.value)
+
+
+async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer) -> None:
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+           "NODE_NAME": NODE}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
+        "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
+        "--kubelet-root", kubelet_root, "--metrics-address", "",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        assert await kubelet.wait_registered(DRIVER, timeout=20.0)
+        assert await wait_until(lambda: len(api.slices(NODE)) == 1, 10.0)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await kubelet.stop()
+    assert proc.returncode == 0, out.decode()
+    assert "Traceback" not in out.decode()
+    for sub in ("plugins_registry", os.path.join("plugins", DRIVER)):
+        leftover = [n for n in os.listdir(os.path.join(kubelet_root, sub)) if n.endswith(".sock")]
+        assert leftover == [], (sub, leftover)

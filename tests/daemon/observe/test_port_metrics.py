@@ -1,0 +1,169 @@
+"""The per-port families written directly are what prometheus_client writes, and kept.
+
+The reference below builds the same families through prometheus_client's own classes
+and renders them with ``generate_latest``; the direct writer must match it byte for
+byte on every node shape, including names that need escaping and values that need
+Go's float format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from rdma_hca.daemon.observe.metrics import render
+from rdma_hca.daemon.observe.port_metrics import (
+    BYTES_PER_GBIT,
+    COUNTERS,
+    PORT_STATES,
+    PortText,
+    port_text,
+)
+from rdma_hca.daemon.observe.status import Status
+from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
+
+Counters = dict[tuple[str, int], dict[str, int]]
+Changes = dict[tuple[str, int], int]
+
+
+class Reference:
+    """The per-port families as prometheus_client's classes build them."""
+
+    def __init__(self, hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> None:
+        self.hcas, self.counters, self.changes = hcas, counters, changes
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp",
+                               labels=["hca", "port", "link_layer"])
+        state = GaugeMetricFamily("rdma_hca_port_state", "1 for the port's current state",
+                                  labels=["hca", "port", "state"])
+        rate = GaugeMetricFamily("rdma_hca_port_rate_bytes_per_second",
+                                 "Port rate in bytes per second", labels=["hca", "port"])
+        changes = CounterMetricFamily("rdma_hca_port_state_changes",
+                                      "Up/down transitions of the port seen by the daemon",
+                                      labels=["hca", "port"])
+        per = {name: CounterMetricFamily(metric.removesuffix("_total"),
+                                         f"Port counter {name} from sysfs",
+                                         labels=["hca", "port"])
+               for name, (metric, _) in COUNTERS.items()}
+        for h in self.hcas:
+            for p in h.ports:
+                labels = [h.name, str(p.number)]
+                up.add_metric([*labels, p.link_layer.value], 1.0 if p.is_up else 0.0)
+                known = p.state if p.state in PORT_STATES else "UNKNOWN"
+                for s in PORT_STATES:
+                    state.add_metric([*labels, s], 1.0 if known == s else 0.0)
+                if p.rate_gbps is not None:
+                    rate.add_metric(labels, p.rate_gbps * BYTES_PER_GBIT)
+                changes.add_metric(labels, self.changes.get((h.name, p.number), 0))
+                values = self.counters.get((h.name, p.number), {})
+                for name, (_, scale) in COUNTERS.items():
+                    if name in values:
+                        per[name].add_metric(labels, values[name] * scale)
+        yield from (up, state, rate, changes, *per.values())
+
+
+def reference(hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Reference(hcas, counters, changes))
+    return generate_latest(registry).decode()
+
+
+def hca(name: str, *, state: str = "ACTIVE", phys: str = "LinkUp", rate: float | None = 400.0,
+        ports: int = 1, layer: LinkLayer = LinkLayer.ETHERNET) -> Hca:
+    return Hca(
+        name=name, driver="mlx5_core", node_guid=None, fw_ver=None, board_id=None,
+        hca_type=None, pci_address=None, pci_vendor=None, pci_device=None, numa_node=None,
+        ports=tuple(Port(number=n, state=state, phys_state=phys, link_layer=layer,
+                         rate=None, rate_gbps=rate, netdevs=(), gids=())
+                    for n in range(1, ports + 1)),
+        uverbs=CharDevice("uverbs0", "/dev/infiniband/uverbs0", True))
+
+
+@pytest.mark.parametrize("make", [sim.gpu_node, sim.infiniband_node, sim.mlx4_infiniband_node,
+                                  sim.erdma_node, sim.soft_roce_node])
+def test_simulated_nodes_render_as_the_library_does(make: object, tmp_path: Path) -> None:
+    assert callable(make)
+    node = make(tmp_path / "n")
+    hcas = discover_node(node.sysfs_root, node.dev_root).hcas
+    assert hcas
+    counters = {(h.name, p.number): {"port_rcv_data": 7 + i, "link_downed": i,
+                                     "port_xmit_packets": 2**64 - 1}
+                for i, h in enumerate(hcas) for p in h.ports}
+    changes = {(hcas[0].name, hcas[0].ports[0].number): 3}
+    assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
+
+
+def test_odd_names_states_and_missing_values_render_as_the_library_does() -> None:
+    hcas = (
+        hca('mlx"5\\0\n', state="POLLING", phys="Disabled", rate=None, ports=2),
+        hca("mlx5_ü", state="UNKNOWN", phys="UNKNOWN", rate=0.0, layer=LinkLayer.INFINIBAND),
+        hca("mlx5_2", rate=2.5, ports=0),
+    )
+    counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5},
+                          (hcas[1].name, 1): {}}
+    changes: Changes = {(hcas[1].name, 1): 10**15, ("gone", 1): 2}
+    text = port_text(hcas, counters, changes)
+    assert text == reference(hcas, counters, changes)
+    assert 'hca="mlx\\"5\\\\0\\n"' in text  # escaped once, where the name is a label
+    assert port_text((), {}, {}) == reference((), {}, {})
+
+
+names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(names, st.sampled_from([*PORT_STATES, "POLLING", ""]),
+                          st.one_of(st.none(), st.floats(0, 1e4, allow_nan=False)),
+                          st.integers(0, 2**64 - 1)),
+                min_size=0, max_size=4, unique_by=lambda t: t[0]))
+def test_any_names_and_values_render_as_the_library_does(
+        ports: list[tuple[str, str, float | None, int]]) -> None:
+    hcas = tuple(hca(n, state=s, rate=r) for n, s, r, _ in ports)
+    counters: Counters = {(n, 1): {"port_xmit_data": v, "link_downed": v % 7}
+                          for n, _, _, v in ports}
+    changes: Changes = {(n, 1): v % 1000 for n, _, _, v in ports}
+    assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
+
+
+def test_the_text_is_kept_until_an_input_is_replaced() -> None:
+    hcas = (hca("mlx5_0"), hca("mlx5_1"))
+    counters: Counters = {("mlx5_0", 1): {"port_rcv_data": 1}}
+    changes: Changes = {}
+    kept = PortText()
+    first = kept.get(hcas, counters, changes)
+    assert kept.get(hcas, counters, changes) is first  # the same bytes, not made again
+    # The daemon replaces its dicts, never edits them: a new one is a new text.
+    newer = {("mlx5_0", 1): {"port_rcv_data": 2}}
+    second = kept.get(hcas, newer, changes)
+    assert second != first and b"rdma_hca_port_receive_bytes_total" in second
+    assert b'{hca="mlx5_0",port="1"} 8.0' in second
+    down = (replace(hcas[0], ports=(replace(hcas[0].ports[0], state="DOWN"),)), hcas[1])
+    third = kept.get(down, newer, changes)
+    assert b'rdma_hca_port_up{hca="mlx5_0",link_layer="Ethernet",port="1"} 0.0' in third
+    moved = kept.get(down, newer, {("mlx5_1", 1): 1})
+    assert b'rdma_hca_port_state_changes_total{hca="mlx5_1",port="1"} 1.0' in moved
+
+
+def test_render_places_the_port_families_between_the_others() -> None:
+    status = Status(version="1", hcas=(hca("mlx5_0"),), ipv6_ready=True)
+    text = render(status, ports=PortText()).decode()
+    order = [text.index(f"# TYPE {name} ") for name in (
+        "rdma_hca_build_info", "rdma_hca_hcas", "rdma_hca_port_up",
+        "rdma_hca_port_link_downed_total", "rdma_hca_ipv6_ready", "rdma_hca_pool_devices")]
+    assert order == sorted(order)
+    # Every family once: nothing is written twice when the port text is kept.
+    kept = PortText()
+    for _ in range(2):
+        again = render(status, ports=kept).decode()
+        assert again.count("# TYPE rdma_hca_port_up ") == 1
