@@ -32,6 +32,11 @@ def settings_for(node: SimNode, non_host_network: bool) -> Settings:
                     non_host_network=non_host_network)
 
 
+async def judged(d: Daemon) -> None:
+    """One health pass, then the node's judgement of it (a follower of the watcher's)."""
+    await d.judge_node(await d.health.refresh())
+
+
 def mixed_node(root: Path) -> SimNode:
     specs = [
         HcaSpec(name=f"mlx5_{i}", pci_address=f"0000:{0x10 + i:02x}:00.0", uverbs_index=i,
@@ -61,7 +66,7 @@ async def test_ipv6_readiness(tmp_path: Path, builder: object, missing: list[str
     assert ipv6_missing(discover_node(node.sysfs_root, node.dev_root).hcas) == missing
     caplog.set_level(logging.WARNING, logger="rdma_hca.node")
     d = Daemon(settings_for(node, True), netlink=False)
-    await d.health.refresh()
+    await judged(d)
     assert list(d.findings.ipv6_missing) == missing
     assert d.findings.ipv6_ready is (not missing)
     warned = [r.getMessage() for r in caplog.records if "global IPv6" in r.getMessage()]
@@ -70,14 +75,14 @@ async def test_ipv6_readiness(tmp_path: Path, builder: object, missing: list[str
         assert all(name in warned[0] for name in missing)
         assert "hostNetwork pods still can" in warned[0]
     # Said once: a second pass over an unchanged node logs nothing new.
-    await d.health.refresh()
+    await judged(d)
     assert len([r for r in caplog.records if "global IPv6" in r.getMessage()]) == len(warned)
 
 
 async def test_switch_off_means_no_ipv6_requirement(tmp_path: Path) -> None:
     node = gpu_node(tmp_path / "n", gid_table_size=16)
     d = Daemon(settings_for(node, False), netlink=False)
-    await d.health.refresh()
+    await judged(d)
     assert d.findings.ipv6_missing == ()
     assert d.findings.messages() == []
 
@@ -88,7 +93,7 @@ async def test_exclusive_netns_is_explained_not_fatal(tmp_path: Path,
     node.set_netns_mode("exclusive")
     caplog.set_level(logging.WARNING, logger="rdma_hca.node")
     d = Daemon(settings_for(node, True), netlink=False)
-    await d.health.refresh()
+    await judged(d)
     assert d.findings.netns_mode == "exclusive"
     (msg,) = d.findings.messages()
     assert "netns mode is exclusive" in msg and "rdma system set netns shared" in msg
@@ -102,11 +107,11 @@ async def test_readiness_change_is_logged_when_it_happens(
     node = gpu_node(tmp_path / "n", ipv6=True, gid_table_size=16)
     caplog.set_level(logging.INFO, logger="rdma_hca.node")
     d = Daemon(replace(settings_for(node, True)), netlink=False)
-    await d.health.refresh()
+    await judged(d)
     assert d.findings.ipv6_ready
     spec = node.specs["mlx5_2"]
     node.remove_hca("mlx5_2")
     node.add_hca(replace(spec, ports=(replace(spec.ports[0], ipv6=None),)))
-    await d.health.refresh()
+    await judged(d)
     assert d.findings.ipv6_missing == ("mlx5_2",)
     assert sum("mlx5_2" in r.getMessage() for r in caplog.records) == 1

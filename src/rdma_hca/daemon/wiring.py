@@ -28,6 +28,7 @@ from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.sayonce import Latch
 from rdma_hca.node.model import Gid, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
@@ -87,7 +88,6 @@ class Daemon:
             self.runtimes,
             self.reader,
             poll_seconds=settings.health_poll_seconds,
-            on_inventory=self._on_inventory,
             **health_kw,
         )
         # The DRA driver, beside or instead of the device plugin pools. lightkube is
@@ -105,7 +105,7 @@ class Daemon:
         self.started = time.time()
         self.cdi_check_seconds = CDI_CHECK_SECONDS
         self._tasks: list[asyncio.Task[None]] = []
-        self._cdi_error: str | None = None
+        self._cdi_error = Latch()
         self._ipv6_ready = False
         self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
 
@@ -163,8 +163,11 @@ class Daemon:
         )
 
     # --- following the node -----------------------------------------------------------
+    # Each follower runs in a task of its own (HealthWatcher.follow): a CDI directory on a
+    # hung filesystem must not hold back a DRA taint, nor the other way round.
 
-    async def _on_inventory(self, inventory: NodeInventory) -> None:
+    async def judge_node(self, inventory: NodeInventory) -> None:
+        """The non-hostNetwork findings and the IPv6 gauge, from the pools' HCAs."""
         pool_hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
         # Judged from the pools' HCAs whether or not the switch is on: the node findings
         # only look when it is, and an operator reads the gauge to decide whether to
@@ -179,14 +182,21 @@ class Daemon:
             # Tens of thousands of GIDs on a large node: judged on a worker thread.
             hcas = tuple(pool_hcas.values())
             self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
-        if self.settings.cdi.enabled:
-            await self._write_cdi(inventory)
-        if self.dra is not None:
-            await self.dra.update(inventory)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
             findings.log_changes(self.findings)
             self.findings = findings
+
+    async def _keep_cdi(self) -> None:
+        """Write the spec for every new inventory, and again when something removed or
+        changed it (looked at every ``cdi_check_seconds``)."""
+        path = os.path.join(self.settings.cdi.spec_dir, SPEC_FILE)
+        seen = self.health.inventories.generation
+        while True:
+            generation = await self.health.inventories.wait_newer(seen, self.cdi_check_seconds)
+            news, seen = generation != seen, generation
+            if await self._write_cdi(self.health.inventory) and not news:
+                log.warning("the CDI spec %s was removed or changed; written again", path)
 
     async def _write_cdi(self, inventory: NodeInventory | None) -> bool:
         """Write the spec if it differs from the file; True when it was (re)written."""
@@ -198,22 +208,13 @@ class Daemon:
         try:
             written = await self.files.run(
                 f"the CDI spec in {spec_dir}", lambda: write_spec(spec_dir, spec))
-            self._cdi_error = None
+            self._cdi_error.clear()
             return written
         except (OSError, Stalled) as exc:
             message = f"cannot write the CDI spec in {spec_dir}: {exc}"
-            if message != self._cdi_error:
+            if self._cdi_error.set(message):
                 log.error("%s; pods allocated now will not get their devices", message)
-                self._cdi_error = message
             return False
-
-    async def _keep_cdi(self) -> None:
-        """Write the spec again when something removed or changed it."""
-        path = os.path.join(self.settings.cdi.spec_dir, SPEC_FILE)
-        while True:
-            await asyncio.sleep(self.cdi_check_seconds)
-            if await self._write_cdi(self.health.inventory):
-                log.warning("the CDI spec %s was removed or changed; written again", path)
 
     # --- SIGHUP -----------------------------------------------------------------------
 
@@ -251,11 +252,20 @@ class Daemon:
             await server.start()
             self.http = server
             await self.health.refresh_counters()
+        # What the followers do for later inventories is done once for the first one
+        # before anything is served: a pod allocated at once must find its CDI devices.
+        await self.judge_node(inventory)
+        if self.settings.cdi.enabled:
+            await self._write_cdi(inventory)
         await self.lifecycle.start()
         self.supervisor.watch(self.lifecycle.tasks)
         if self.dra is not None:
             await self.dra.start(inventory)
             self.supervisor.watch(self.dra.tasks)
+            self._tasks.append(self.supervisor.spawn("dra-follow",
+                                                     self.health.follow(self.dra.update)))
+        self._tasks.append(self.supervisor.spawn("node-findings",
+                                                 self.health.follow(self.judge_node)))
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))

@@ -131,3 +131,59 @@ async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
     for sub in ("plugins_registry", os.path.join("plugins", DRIVER)):
         leftover = [n for n in os.listdir(os.path.join(kubelet_root, sub)) if n.endswith(".sock")]
         assert leftover == [], (sub, leftover)
+
+
+def _opened(path: Path) -> int:
+    """How many descriptors of this process have ``path`` open now."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            count += os.readlink(fd) == str(path)
+        except OSError:
+            continue
+    return count
+
+
+async def test_a_stuck_cdi_directory_does_not_delay_a_dra_slice_update(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca.daemon.offer.cdi import SPEC_FILE
+    from rdma_hca.settings.config import CdiConfig
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+    cdi_dir = tmp_path / "cdi"
+    settings = _settings(dra_node, kubelet_root, tmp_path, metrics_address="",
+                         health_poll_seconds=0.05, cdi=CdiConfig(True, str(cdi_dir)))
+    # A read deadline far beyond the waits below: a CDI write that held up the DRA
+    # driver would hold it up for all of it.
+    daemon = Daemon(settings, netlink=False, read_deadline=120.0)
+    spec = cdi_dir / SPEC_FILE
+    writer = -1
+    try:
+        await daemon.start()
+        assert await wait_until(lambda: len(api.slices(NODE)) == 1, 10.0)
+        # The spec becomes a FIFO whose write end the test holds: the next spec write
+        # reads the file first and hangs there until the end closes, as on a hung
+        # filesystem.
+        spec.unlink()
+        os.mkfifo(spec)
+        writer = os.open(spec, os.O_RDWR | os.O_NONBLOCK)
+        dra_node.set_port("mlx5_0", up=False)
+        assert await wait_until(lambda: _opened(spec) > 1, 10.0), "the CDI write never began"
+
+        def tainted() -> bool:
+            devices = {d["name"]: d for s in api.slices(NODE) for d in s["spec"]["devices"]}
+            return bool(devices.get("mlx5-0", {}).get("taints"))
+
+        assert await wait_until(tainted, 10.0)
+        assert _opened(spec) > 1, "the taint came only once the CDI write had ended"
+        os.close(writer)  # EOF for the blocked read: the write goes on and replaces the FIFO
+        writer = -1
+        assert await wait_until(lambda: spec.is_file(), 10.0)
+    finally:
+        if writer >= 0:
+            os.close(writer)
+        await daemon.stop()
+        await kubelet.stop()

@@ -25,6 +25,16 @@ def settings_for(node: SimNode, tmp_path: Path, **kw: object) -> Settings:
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
+async def started_spec(settings: Settings, tmp_path: Path) -> dict[str, object]:
+    """The spec a daemon has written by the time its start returns."""
+    d = Daemon(settings, netlink=False)
+    await d.start()
+    try:
+        return read_spec(tmp_path)
+    finally:
+        await d.stop()
+
+
 def read_spec(tmp_path: Path) -> dict[str, object]:
     spec: dict[str, object] = json.loads((tmp_path / "cdi" / SPEC_FILE).read_text())
     return spec
@@ -32,9 +42,7 @@ def read_spec(tmp_path: Path) -> dict[str, object]:
 
 async def test_spec_describes_each_hca_and_all(tmp_path: Path) -> None:
     node = gpu_node(tmp_path / "node", gid_table_size=8)
-    d = Daemon(settings_for(node, tmp_path), netlink=False)
-    await d.health.refresh()
-    spec = read_spec(tmp_path)
+    spec = await started_spec(settings_for(node, tmp_path), tmp_path)
     assert spec["cdiVersion"] == CDI_VERSION
     assert spec["kind"] == "rdma-hca.io/hca"
     devices = {x["name"]: x for x in spec["devices"]}  # type: ignore[attr-defined]
@@ -51,9 +59,8 @@ async def test_spec_describes_each_hca_and_all(tmp_path: Path) -> None:
 
 async def test_infiniband_hca_includes_umad(tmp_path: Path) -> None:
     node = infiniband_node(tmp_path / "node")
-    d = Daemon(settings_for(node, tmp_path), netlink=False)
-    await d.health.refresh()
-    (dev,) = [x for x in read_spec(tmp_path)["devices"]  # type: ignore[attr-defined]
+    spec = await started_spec(settings_for(node, tmp_path), tmp_path)
+    (dev,) = [x for x in spec["devices"]  # type: ignore[attr-defined]
               if x["name"] != "all"]
     paths = [n["path"] for n in dev["containerEdits"]["deviceNodes"]]
     assert sum(p.startswith("/dev/infiniband/umad") for p in paths) == 2

@@ -58,7 +58,7 @@ class PoolRuntime:
                           missing=missing)
         self.view = view
         self._log_changes(inventory)
-        return await self.state.publish(self.view.devices())
+        return await self.state.update(self.view.devices())
 
     def _missing(self, present: tuple[Hca, ...]) -> list[Hca]:
         names = {h.name for h in present}

@@ -16,6 +16,13 @@ would turn every device Unhealthy for a reason that has nothing to do with the H
 Events are coalesced: a burst of link events costs one re-read at its start and one
 at its end, and the full re-read that follows a port change waits until the port has
 been quiet for a moment, so a flapping link costs little CPU and few stream updates.
+
+Who follows the node: the pools' views are updated in step (pure computation, and a
+pool's devices must be current the moment a pass returns); everything else that does
+I/O with an inventory (the CDI spec, the DRA driver's slices) follows
+:attr:`HealthWatcher.inventories` in a task of its own (:meth:`HealthWatcher.follow`),
+so a follower stuck on a hung filesystem or a slow API server delays no other
+follower, and not the watcher either.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import Protocol
 
 from rdma_hca.daemon.watch.machine import MachineReader, PortCounters, failure_reason
 from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.broadcast import Broadcast
+from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node import netlink
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.reads import ReadStalled
@@ -38,6 +47,7 @@ log = logging.getLogger("rdma_hca.health")
 
 Fingerprint = tuple[object, ...]
 EventSource = Callable[[], AsyncIterator[netlink.NetdevEvent]]
+Follower = Callable[[NodeInventory], Awaitable[None]]
 
 COALESCE_SECONDS = 0.3  # link events closer than this make one re-read
 SETTLE_SECONDS = 0.5  # the full re-read after a port change waits for this much quiet
@@ -81,15 +91,16 @@ class HealthWatcher:
         poll_seconds: float,
         full_seconds: float = 300.0,
         events: EventSource | None = _netlink_events,
-        on_inventory: Callable[[NodeInventory], Awaitable[None]] | None = None,
     ) -> None:
         self.runtimes = list(runtimes)
         self.reader = reader
         self.poll_seconds = poll_seconds
         self.full_seconds = full_seconds
         self.events = events
-        self.on_inventory = on_inventory
-        self.inventory: NodeInventory | None = None
+        # Every published inventory is news: each is a new object, and comparing two
+        # deeply (thousands of GIDs) would cost more than what a follower does with it.
+        self.inventories: Broadcast[NodeInventory | None] = Broadcast(
+            None, same=lambda a, b: a is b)
         self.counters: PortCounters = {}
         self.state_changes: dict[tuple[str, int], int] = {}
         self.discovery_errors: dict[str, int] = {}
@@ -100,12 +111,26 @@ class HealthWatcher:
         self._full_requested = False
         self._full_at: float | None = None
         self._fingerprint: Fingerprint = ()
-        self._warned: set[str] = set()
-        self._discovery_failing: str | None = None
+        self._warned = Once()
+        self._discovery_failing = Latch()
         self._scraped_at: float | None = None
         self._counters_at: float | None = None
         self._netdevs_of: NodeInventory | None = None
         self._netdev_names: frozenset[str] = frozenset()
+
+    @property
+    def inventory(self) -> NodeInventory | None:
+        return self.inventories.value
+
+    async def follow(self, follower: Follower) -> None:
+        """Hand ``follower`` every new inventory, the newest one each time, until cancelled.
+
+        Run as a task of its own: while it works, newer inventories replace each other
+        and it gets the newest one next; the watcher never waits for it.
+        """
+        async for inventory in self.inventories.follow():
+            assert inventory is not None
+            await follower(inventory)
 
     def poke(self, full: bool = False) -> None:
         """Re-read port state now instead of at the next poll (everything, with ``full``)."""
@@ -155,8 +180,7 @@ class HealthWatcher:
         if before and after and after != before:
             self._poke.set()  # (an unreadable fingerprint waits for the next poll instead)
         for w in inventory.warnings:
-            if w not in self._warned:
-                self._warned.add(w)
+            if self._warned.first(w):
                 log.warning("sysfs: %s", w)
         await self._publish(inventory)
         return self.inventory or inventory
@@ -172,29 +196,24 @@ class HealthWatcher:
             # A new dict, never an edit: a scrape may be rendering the old one on a thread.
             self.discovery_errors = {**self.discovery_errors,
                                      reason: self.discovery_errors.get(reason, 0) + 1}
-            if self._discovery_failing != reason:
+            if self._discovery_failing.set(reason):
                 log.error("discovery failed (%s: %s); keeping the last known state of the "
                           "node until it works again", reason, exc)
-                self._discovery_failing = reason
             return last or NodeInventory((), None, None)
-        if self._discovery_failing is not None:
+        if self._discovery_failing.clear():
             log.info("discovery works again")
-            self._discovery_failing = None
         return inventory
 
     async def _publish(self, inventory: NodeInventory) -> None:
-        """Hand an inventory to every pool, then to whoever else follows the node."""
+        """Hand an inventory to every pool, then to the followers (who do not hold us)."""
         self._count_changes(inventory)
-        self.inventory = inventory
         # The loop gets a turn between the steps: at 256 HCAs each costs it a millisecond
         # or two, and an Allocate or a probe waiting behind all of them would wait for
         # their sum.
         for runtime in self.runtimes:
             await asyncio.sleep(0)
             await runtime.update(inventory)
-        if self.on_inventory is not None:
-            await asyncio.sleep(0)
-            await self.on_inventory(inventory)
+        self.inventories.publish(inventory)
 
     def _count_changes(self, inventory: NodeInventory) -> None:
         if self.inventory is None:

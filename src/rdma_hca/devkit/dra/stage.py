@@ -51,6 +51,7 @@ class DraStage:
         self.driver: DraDriver | None = None
         self.watcher: HealthWatcher | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._follow_task: asyncio.Task[None] | None = None
 
     def config(self) -> DriverConfig:
         kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
@@ -90,20 +91,22 @@ class DraStage:
     async def start_driver(self) -> DraDriver:
         driver = DraDriver(self.config())
         reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
-        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds, events=None,
-                                on_inventory=driver.update)
+        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds, events=None)
         inventory = await watcher.refresh()
         await driver.start(inventory)
         self.driver, self.watcher = driver, watcher
+        self._follow_task = asyncio.create_task(watcher.follow(driver.update),
+                                                name="dra-stage-follow")
         self._watch_task = asyncio.create_task(watcher.run(), name="dra-stage-health")
         return driver
 
     async def stop_driver(self) -> None:
-        if self._watch_task is not None:
-            # Bounded: a cancel the watcher's wait_for swallows must not hang the stage.
-            self._watch_task.cancel()
-            await asyncio.wait({self._watch_task}, timeout=1.0)
-            self._watch_task = None
+        for task in (self._watch_task, self._follow_task):
+            if task is not None:
+                # Bounded: a cancel the watcher's wait_for swallows must not hang the stage.
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+        self._watch_task = self._follow_task = None
         if self.driver is not None:
             await self.driver.stop()
             self.driver = None
