@@ -2,9 +2,9 @@
 
 Reads of the machine and writes of the files the daemon owns can block without end
 (a sysfs attribute stuck in a driver or in HCA firmware, a hung filesystem). Calls run
-on daemon threads of our own, so that a thread that never returns neither holds up the
-event loop nor keeps the process from exiting (threads of an executor are joined at
-interpreter exit and by ``asyncio.run``); a thread given up on is replaced. At most one
+on the process's daemon threads (``kit.workers``), so that a thread that never returns
+neither holds up the event loop nor keeps the process from exiting; a thread given up on
+is replaced. At most one
 call per key is in flight: while one is stuck, the next call with that key fails at
 once instead of starting a second stuck thread, so stuck threads stay bounded by the
 number of keys.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
-import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
+
+from rdma_hca.kit.workers import WORKERS
 
 log = logging.getLogger("rdma_hca.daemon")
 
@@ -33,25 +33,6 @@ class Stalled(Exception):
         self.key = key
 
 
-class _Worker:
-    """A daemon thread that runs jobs one after another; reused while none gets stuck.
-
-    Starting a thread waits until it runs, which on a busy interpreter can cost the
-    event loop a switch interval; a worker that is already there costs only a put.
-    """
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self.abandoned = False
-        threading.Thread(target=self._serve, name="offloop", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            self.jobs.get()()
-            if self.abandoned:  # given up on while stuck: the loop made another
-                return
-
-
 class OffLoop:
     """Runs blocking calls on daemon threads; counts and logs the ones that stall."""
 
@@ -59,7 +40,6 @@ class OffLoop:
         self.deadline = deadline
         self.stalls_total = 0
         self._stuck: set[str] = set()
-        self._idle: list[_Worker] = []
 
     @property
     def stuck(self) -> frozenset[str]:
@@ -103,17 +83,14 @@ class OffLoop:
                 else:
                     _call_soon(loop, _settle, done, None)
 
-            worker = self._idle.pop() if self._idle else _Worker()
-            worker.jobs.put(work)
+            WORKERS.submit(work, "rdma-hca-offloop")
             # asyncio.wait, not wait_for(shield(...)): on Python 3.11 wait_for returns the
             # answer instead of raising a cancel that lands while the answer is handed
             # over, and a caller looping over calls then outlives the stop that cancelled it.
             finished, _ = await asyncio.wait({done}, timeout=self.deadline)
             if finished:
                 done.result()  # the call's own error is the caller's
-                self._idle.append(worker)
                 break
-            worker.abandoned = True
             key = batch[at[0]]
             self._stuck.add(key)
             self.stalls_total += 1

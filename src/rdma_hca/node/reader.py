@@ -19,8 +19,7 @@ tools'.
 - An HCA one of whose files is stuck reads with its ports UNKNOWN (not up, so
   unhealthy); it stays in the inventory.
 
-Threads are ours, not ``asyncio.to_thread``'s: the loop's default executor is joined when
-``asyncio.run`` ends, and a thread hung in a read would then hold up the exit.
+Reads run on the process's one pool of daemon threads (``kit.workers``).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from rdma_hca.kit.workers import WORKERS, NoThread
 from rdma_hca.node.discovery import Discovery
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.parse import printable
@@ -77,51 +76,6 @@ class Glance:
     states: PortStates
 
 
-class _Workers:
-    """Daemon threads that are kept for the next call once they have answered.
-
-    A poll every half second would otherwise start a thread each time, which is most of
-    an idle daemon's CPU. A thread stuck in a read never comes back to the pool, so the
-    next call starts a fresh one: a stuck file costs one thread, as before. A job's
-    ``then`` runs once its thread is back in the pool, so whoever it wakes finds the
-    thread free for its next call.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[_Job]] = []
-
-    def submit(self, target: Callable[[], None], name: str,
-               then: Callable[[], None] | None = None) -> None:
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            box = inbox
-            try:
-                threading.Thread(target=lambda: self._serve(box), name=IDLE_NAME,
-                                 daemon=True).start()
-            except RuntimeError as err:  # "can't start new thread": out of threads or memory
-                raise DiscoveryFailed(f"discovery ran out of threads ({err})") from err
-        inbox.put((target, name, then))
-
-    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
-        me = threading.current_thread()
-        while True:
-            target, me.name, then = inbox.get()
-            target()
-            me.name = IDLE_NAME  # named after its job only while it works on it
-            with self._lock:
-                self._idle.append(inbox)
-            if then is not None:
-                then()
-
-
-_Job = tuple[Callable[[], None], str, "Callable[[], None] | None"]
-IDLE_NAME = "rdma-hca-reader-idle"
-_WORKERS = _Workers()
-
-
 class _Attempt:
     """One thread running ``job`` with its own Watch; the result or error lands here."""
 
@@ -147,7 +101,10 @@ class _Attempt:
             self.error = err
 
     def start(self, name: str) -> None:
-        _WORKERS.submit(self.run, name, then=self._finish)
+        try:
+            WORKERS.submit(self.run, name, then=self._finish)
+        except NoThread as err:
+            raise DiscoveryFailed(f"discovery ran out of threads ({err})") from err
 
     def _finish(self) -> None:
         if self.abandoned:

@@ -36,6 +36,7 @@ from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.workers import IDLE_NAME
 
 STUCK = "mlx5_3"
 
@@ -119,6 +120,11 @@ async def test_stuck_port_read_makes_that_hca_unknown_and_is_counted_once(
         await d.stop()
 
 
+def _pool_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate()
+            if t.name in (IDLE_NAME, "rdma-hca-offloop")}
+
+
 async def test_offloop_keeps_one_thread_per_stuck_key(tmp_path: Path) -> None:
     path = tmp_path / "fifo"
     os.mkfifo(path)
@@ -126,13 +132,13 @@ async def test_offloop_keeps_one_thread_per_stuck_key(tmp_path: Path) -> None:
     try:
         with pytest.raises(Stalled):
             await off.run("fifo", path.read_bytes)
-        threads = {t for t in threading.enumerate() if t.name == "offloop"}
+        threads = _pool_threads()
         for _ in range(5):
             with pytest.raises(Stalled):
                 await off.run("fifo", path.read_bytes)
         assert off.stalls_total == 1
         assert off.stuck == frozenset({"fifo"})
-        now = {t for t in threading.enumerate() if t.name == "offloop"}
+        now = _pool_threads()
         assert now == threads, "no second read of a stuck key was started"
         # Other keys are not held up by the stuck one.
         answers = await off.each(["a", "fifo", "b"], lambda k: k * 2, partial=True)
@@ -140,7 +146,7 @@ async def test_offloop_keeps_one_thread_per_stuck_key(tmp_path: Path) -> None:
         # Calls that answer reuse their thread: a hundred of them add at most one.
         for n in range(100):
             assert await off.run("quick", lambda n=n: n) == n
-        assert len({t for t in threading.enumerate() if t.name == "offloop"}) <= len(now) + 1
+        assert len(_pool_threads()) <= len(now) + 1
     finally:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
         os.close(fd)

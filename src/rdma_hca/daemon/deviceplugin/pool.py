@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from rdma_hca.daemon.deviceplugin.bounds import shorten_ids
 from rdma_hca.daemon.offer.cdi import qualified_name
+from rdma_hca.daemon.offer.health import hca_healthy, rdma_cm_ok
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 from rdma_hca.settings.config import Mode, PoolConfig, UnhealthyWhen
@@ -107,7 +108,7 @@ class PoolView:
             out.append(NO_MATCH)
         out.extend(f"{h.name}: disappeared (driver unloaded or device removed?); counts as "
                    "down until it returns" for h in self.missing)
-        if self.rdma_cm is None or not self.rdma_cm.present:
+        if not rdma_cm_ok(self.rdma_cm):
             out.append("/dev/infiniband/rdma_cm is missing (is the rdma_ucm module loaded?)")
         for h in self.hcas:
             out.extend(f"{h.name}: {p}" for p in h.problems)
@@ -120,18 +121,16 @@ class PoolView:
         return out
 
     def shared_healthy(self) -> bool:
-        if not self.hcas or self.rdma_cm is None or not self.rdma_cm.present:
+        if not self.hcas:
             return False
         # A missing HCA is one more that is down.
-        ok = [h.usable and h.any_port_up for h in self.hcas] + [False] * len(self.missing)
+        ok = [hca_healthy(h, self.rdma_cm) for h in self.hcas] + [False] * len(self.missing)
         if self.config.unhealthy_when is UnhealthyWhen.ALL:
             return any(ok)
         return all(ok)
 
     def hca_healthy(self, hca: Hca) -> bool:
-        return (
-            hca.usable and hca.any_port_up and self.rdma_cm is not None and self.rdma_cm.present
-        )
+        return hca_healthy(hca, self.rdma_cm)
 
     # --- what ListAndWatch advertises ------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""The daemon threads every off-loop call runs on: one pool for reads and writes alike.
+
+Threads are ours, not ``asyncio.to_thread``'s: the loop's default executor is joined when
+``asyncio.run`` ends, and a thread hung in a read or a write would then hold up the
+exit. A thread that answered is kept for the next call (a poll every half second would
+otherwise start a thread each time, which is most of an idle daemon's CPU, and starting
+one waits until it runs). A thread stuck in a call never comes back, so the next call
+starts a fresh one: a stuck call costs one thread. When the stuck call returns at last,
+its thread rejoins the pool.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+IDLE_NAME = "rdma-hca-idle"
+
+_Job = tuple[Callable[[], None], str, "Callable[[], None] | None"]
+
+
+class NoThread(RuntimeError):
+    """No thread could be started (out of threads or memory)."""
+
+
+class Workers:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[_Job]] = []
+
+    def submit(self, target: Callable[[], None], name: str,
+               then: Callable[[], None] | None = None) -> None:
+        """Run ``target`` on a pooled thread named ``name`` while it works; ``then`` runs
+        once the thread is back in the pool, so whoever it wakes finds it free."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            box = inbox
+            try:
+                threading.Thread(target=lambda: self._serve(box), name=IDLE_NAME,
+                                 daemon=True).start()
+            except RuntimeError as err:  # "can't start new thread"
+                raise NoThread(str(err)) from err
+        inbox.put((target, name, then))
+
+    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
+        me = threading.current_thread()
+        while True:
+            target, me.name, then = inbox.get()
+            target()
+            me.name = IDLE_NAME  # named after its job only while it works on it
+            with self._lock:
+                self._idle.append(inbox)
+            if then is not None:
+                then()
+
+
+WORKERS = Workers()
+"""The process's one pool."""
