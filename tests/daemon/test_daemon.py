@@ -357,7 +357,7 @@ async def test_socket_removed_during_register_is_not_waited_for(
         node: SimNode, plugin_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     # The daemon's own Register would wait 15 s and this kubelet's dial 60 s; the daemon
     # must see its socket go, give the call up and register a new socket instead.
-    caplog.set_level(logging.INFO, logger="rdma_hca.kubelet")
+    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.deviceplugin")
     kubelet = _CleansDuringRegister(plugin_dir, dial_timeout=60)
     await kubelet.start()
     d = Daemon(make_settings(node, plugin_dir), netlink=False)

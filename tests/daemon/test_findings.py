@@ -64,7 +64,7 @@ async def test_ipv6_readiness(tmp_path: Path, builder: object, missing: list[str
                               caplog: pytest.LogCaptureFixture) -> None:
     node = builder(tmp_path / "n")  # type: ignore[operator]
     assert ipv6_missing(discover_node(node.sysfs_root, node.dev_root).hcas) == missing
-    caplog.set_level(logging.WARNING, logger="rdma_hca.node")
+    caplog.set_level(logging.WARNING, logger="rdma_hca.daemon.findings")
     d = Daemon(settings_for(node, True), netlink=False)
     await judged(d)
     assert list(d.findings.ipv6_missing) == missing
@@ -91,7 +91,7 @@ async def test_exclusive_netns_is_explained_not_fatal(tmp_path: Path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     node = gpu_node(tmp_path / "n", ipv6=True, gid_table_size=16)
     node.set_netns_mode("exclusive")
-    caplog.set_level(logging.WARNING, logger="rdma_hca.node")
+    caplog.set_level(logging.WARNING, logger="rdma_hca.daemon.findings")
     d = Daemon(settings_for(node, True), netlink=False)
     await judged(d)
     assert d.findings.netns_mode == "exclusive"
@@ -105,7 +105,7 @@ async def test_exclusive_netns_is_explained_not_fatal(tmp_path: Path,
 async def test_readiness_change_is_logged_when_it_happens(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     node = gpu_node(tmp_path / "n", ipv6=True, gid_table_size=16)
-    caplog.set_level(logging.INFO, logger="rdma_hca.node")
+    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.findings")
     d = Daemon(replace(settings_for(node, True)), netlink=False)
     await judged(d)
     assert d.findings.ipv6_ready

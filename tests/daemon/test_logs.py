@@ -29,7 +29,7 @@ from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.kit.logs import JsonFormatter
 
 TEXT_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +rdma_hca\.\w+: \S.*$")
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +rdma_hca(\.\w+)+: \S.*$")
 LEVELS = {"debug", "info", "warning", "error", "critical"}
 
 
@@ -82,7 +82,8 @@ async def test_json_format_every_line_is_an_object(level: str, node: SimNode,
     messages = [d["message"] for d in docs]
     assert any("registered with the kubelet" in m for m in messages)
     assert any("waiting for the kubelet" in m for m in messages), messages
-    allocate = [d for d in docs if d["logger"] == "rdma_hca.plugin" and "Allocate" in d["message"]]
+    allocate = [d for d in docs if d["logger"] == "rdma_hca.daemon.deviceplugin.plugin"
+                and "Allocate" in d["message"]]
     assert bool(allocate) is (level == "debug"), messages
 
 

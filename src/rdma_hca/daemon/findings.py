@@ -19,7 +19,7 @@ from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.config import Settings
 
-log = logging.getLogger("rdma_hca.node")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

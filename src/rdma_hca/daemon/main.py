@@ -25,7 +25,7 @@ from rdma_hca.daemon.observe.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
 from rdma_hca.settings.config import ConfigError, Settings  # noqa: E402
 
-log = logging.getLogger("rdma_hca.daemon")
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_TASK_DIED, EXIT_CONFIG = 0, 1, 2
 # Reads of the machine parse on worker threads; with the interpreter's default of 5 ms a

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-log = logging.getLogger("rdma_hca.daemon")
+log = logging.getLogger(__name__)
 
 
 class Supervisor:

@@ -34,7 +34,7 @@ from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.config import ConfigError, Settings, overlapping_hcas
 
-log = logging.getLogger("rdma_hca.daemon")
+log = logging.getLogger(__name__)
 
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
 STOP_STEP = 1.0  # what one step of a stop may take before it is named and left

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from rdma_hca.kit.workers import WORKERS
 
-log = logging.getLogger("rdma_hca.daemon")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -60,7 +60,7 @@ __all__ = ["DEFAULT_DEADLINE", "DiscoveryFailed", "Glance", "NodeReader", "ReadS
 
 T = TypeVar("T")
 PortCounters = dict[tuple[str, int], dict[str, int]]
-log = logging.getLogger("rdma_hca.node.reader")
+log = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE = 5.0
 """Seconds one call may take before the read it waits on is given up."""

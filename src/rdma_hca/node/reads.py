@@ -117,7 +117,7 @@ class StuckFiles:
             path = watch.stuck_path
             if path is not None:
                 # Said before the path is free, so whoever sees it free has seen this too.
-                logging.getLogger("rdma_hca.node.reader").info(
+                logging.getLogger(__name__).info(
                     "sysfs: %s answered again; it is read normally from now on",
                     printable(path))
                 self.paths.pop(path, None)

@@ -45,7 +45,7 @@ from rdma_hca.kit.aio import cancel_all, unless, wait_event
 
 __all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
 
-log = logging.getLogger("rdma_hca.kubelet")
+log = logging.getLogger(__name__)
 
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0

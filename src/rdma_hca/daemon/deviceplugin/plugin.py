@@ -38,7 +38,7 @@ from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import unless
 from rdma_hca.settings.config import Mode
 
-log = logging.getLogger("rdma_hca.plugin")
+log = logging.getLogger(__name__)
 
 SERVICE = "v1beta1.DevicePlugin"
 # The kubelet sends one container request per container of the pod that asks for the

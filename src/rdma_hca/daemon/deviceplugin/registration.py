@@ -24,7 +24,7 @@ from rdma_hca.daemon.deviceplugin.bounds import MAX_RECEIVE_BYTES
 from rdma_hca.daemon.deviceplugin.plugin import DevicePluginService
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 
-log = logging.getLogger("rdma_hca.kubelet")
+log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"

@@ -20,7 +20,7 @@ from rdma_hca.daemon.deviceplugin.state import DeviceState
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.settings.config import PoolConfig, Selectors
 
-log = logging.getLogger("rdma_hca.pool")
+log = logging.getLogger(__name__)
 
 
 class PoolRuntime:

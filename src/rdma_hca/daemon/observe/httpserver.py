@@ -23,7 +23,7 @@ from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
 from rdma_hca.daemon.observe.port_metrics import PortText
 from rdma_hca.daemon.observe.status import Status
 
-log = logging.getLogger("rdma_hca.metrics")
+log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64
 READ_TIMEOUT = 5.0

@@ -19,7 +19,7 @@ from typing import Any
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
-log = logging.getLogger("rdma_hca.cdi")
+log = logging.getLogger(__name__)
 
 CDI_VENDOR_CLASS = "rdma-hca.io/hca"
 

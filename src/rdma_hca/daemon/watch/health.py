@@ -43,7 +43,7 @@ from rdma_hca.node import netlink
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.reads import ReadStalled
 
-log = logging.getLogger("rdma_hca.health")
+log = logging.getLogger(__name__)
 
 Fingerprint = tuple[object, ...]
 EventSource = Callable[[], AsyncIterator[netlink.NetdevEvent]]

@@ -40,7 +40,7 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2_grpc,
 )
 
-log = logging.getLogger("rdma_hca.devkit.dra.kubelet")
+log = logging.getLogger(__name__)
 
 DRA_SERVICES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
                 "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
