@@ -22,6 +22,7 @@ from rdma_hca.settings.config import (
     add_flags,
     env_warnings,
     flag_values,
+    kubelet_root_problem,
     load_settings,
     root_problem,
 )
@@ -126,6 +127,19 @@ def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: s
     return message
 
 
+def _source(args: argparse.Namespace, env: Mapping[str, str], key: str) -> str:
+    """Which layer gave a machine setting of ``serve``: its flag, its variable or none."""
+    s = BY_KEY[key]
+    if s.flag is not None and getattr(args, s.dest, None) is not None:
+        return f"flag {s.flag}"
+    var = next((v for v in s.env if v in env), None)
+    if var is not None:
+        return f"environment variable {var}"
+    if key == "kubeletDir":
+        return _source(args, env, "kubeletRoot") or "the default"
+    return "the default"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     given: Mapping[str, str] | None = getattr(args, "environ", None)
     env = os.environ if given is None else given
@@ -135,7 +149,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                 ("dev", settings.dev_root, "devRoot")):
             why = root_problem(kind, path)
             if why:
-                raise ConfigError(key, path, why)
+                raise ConfigError(key, path, why, _source(args, env, key))
+        for key, path in (("kubeletRoot", settings.kubelet_root),
+                          ("kubeletDir", settings.kubelet_dir)):
+            why = kubelet_root_problem(path)
+            if why:
+                raise ConfigError(key, path, why, _source(args, env, key))
     except ConfigError as exc:
         print(_config_error_line(args, env, str(exc)), file=sys.stderr)
         return EXIT_USAGE

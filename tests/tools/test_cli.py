@@ -167,6 +167,35 @@ def test_serve_refuses_a_root_one_level_too_high(capsys: pytest.CaptureFixture[s
     assert f"did you mean {gpu.sysfs_root}?" in err
 
 
+@pytest.mark.parametrize("layer", ["flag", "variable"])
+def test_serve_refuses_a_kubelet_root_that_is_a_file_at_once(
+        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path,
+        layer: str) -> None:
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root:x:0:0\n")
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    env = {}
+    if layer == "flag":
+        argv += ["--kubelet-root", str(a_file)]
+    else:
+        env["RDMA_HCA_KUBELET_ROOT"] = str(a_file)
+    code, _, err = run(capsys, argv, env)
+    assert code == 2
+    where = "flag --kubelet-root" if layer == "flag" else "environment variable " \
+        "RDMA_HCA_KUBELET_ROOT"
+    assert err == (f"rdma-hca serve: config error: kubeletRoot: '{a_file}' (from {where}) is "
+                   f"not valid: {a_file} is not a directory: give the kubelet's root "
+                   "directory, e.g. /var/lib/kubelet\n")
+
+
+def test_serve_names_the_config_variable_it_could_not_read(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, ["serve"], {"RDMA_HCA_CONFIG": str(tmp_path / "nope.yaml")})
+    assert code == 2
+    assert err.startswith(f"rdma-hca serve: config error: RDMA_HCA_CONFIG: "
+                          f"'{tmp_path / 'nope.yaml'}' is not valid: the file cannot be read")
+
+
 # --- serve's warnings go through the log format --------------------------------------------
 
 
