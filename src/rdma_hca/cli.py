@@ -287,10 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     bench.set_defaults(func=cmd_bench)
 
-    from rdma_hca.tools import check, doctor
+    from rdma_hca.tools import check, config, doctor
 
     doctor.add_parser(sub)
     check.add_parser(sub)
+    config.add_parser(sub)
     for name, p in sub.choices.items():
         if name != "serve":
             # None means "not given": main fills these from RDMA_HCA_* as serve would.

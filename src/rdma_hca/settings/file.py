@@ -193,7 +193,12 @@ def read_config_file(path: str | Path, name: str = "--config") -> dict[str, Any]
 
 
 def _read(path: str) -> dict[str, Any]:
-    text = _decode(path, _read_bytes(path))
+    return parse_config_text(path, _decode(path, _read_bytes(path)))
+
+
+def parse_config_text(path: str, text: str) -> dict[str, Any]:
+    """The mapping YAML (or JSON) ``text`` holds, with the file's bounds and checks;
+    errors name ``path`` (the file the text came from)."""
     try:
         _check_events(path, text)
     except yaml.YAMLError as exc:
