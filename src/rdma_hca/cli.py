@@ -2,31 +2,60 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import logging
 import os
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from types import FrameType
 
-from rdma_hca import __version__
-from rdma_hca.kit.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE
-from rdma_hca.kit.logs import setup_logging
-from rdma_hca.settings.config import (
+# Run as the command (not imported by a test): a SIGINT or SIGTERM that comes while the
+# modules below load is remembered, and main() ends with its status and one line instead of
+# a KeyboardInterrupt traceback or a silent death.
+_AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0]) in (
+    "rdma-hca", "kubectl-rdma_hca")
+_pending: list[int] = []
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    _pending.append(signum)
+
+
+if _AS_COMMAND:
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, _remember)
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable, Mapping, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rdma_hca import __version__  # noqa: E402
+from rdma_hca.kit.exitcodes import (  # noqa: E402
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+)
+from rdma_hca.kit.logs import setup_logging  # noqa: E402
+from rdma_hca.kit.text import closest  # noqa: E402
+from rdma_hca.settings.config import (  # noqa: E402
     BY_KEY,
     ConfigError,
     Settings,
     add_flags,
     env_warnings,
     flag_values,
+    kubelet_root_problem,
     load_settings,
     root_problem,
 )
 
 log = logging.getLogger("rdma_hca.settings.config")
+COMMANDS = ("serve", "discover", "simulate", "demo", "bench", "doctor", "check", "config")
 # The kinds of simulated node `rdma-hca simulate` writes (the devkit builds them).
 SIM_KINDS = ("gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce", "no-rdma")
 
@@ -112,6 +141,11 @@ def _check_roots(command: str, args: argparse.Namespace, sources: Mapping[str, s
             why = root_problem(kind, path)
             if why:
                 return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
+    for dest, flag in (("kubelet_root", "--kubelet-root"), ("kubelet_dir", "--kubelet-dir")):
+        path = getattr(args, dest, None)
+        why = kubelet_root_problem(path) if isinstance(path, str) else None
+        if why:
+            return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
     return None
 
 
@@ -126,6 +160,19 @@ def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: s
     return message
 
 
+def _source(args: argparse.Namespace, env: Mapping[str, str], key: str) -> str:
+    """Which layer gave a machine setting of ``serve``: its flag, its variable or none."""
+    s = BY_KEY[key]
+    if s.flag is not None and getattr(args, s.dest, None) is not None:
+        return f"flag {s.flag}"
+    var = next((v for v in s.env if v in env), None)
+    if var is not None:
+        return f"environment variable {var}"
+    if key == "kubeletDir":
+        return _source(args, env, "kubeletRoot") or "the default"
+    return "the default"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     given: Mapping[str, str] | None = getattr(args, "environ", None)
     env = os.environ if given is None else given
@@ -135,7 +182,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                 ("dev", settings.dev_root, "devRoot")):
             why = root_problem(kind, path)
             if why:
-                raise ConfigError(key, path, why)
+                raise ConfigError(key, path, why, _source(args, env, key))
+        for key, path in (("kubeletRoot", settings.kubelet_root),
+                          ("kubeletDir", settings.kubelet_dir)):
+            why = kubelet_root_problem(path)
+            if why:
+                raise ConfigError(key, path, why, _source(args, env, key))
     except ConfigError as exc:
         print(_config_error_line(args, env, str(exc)), file=sys.stderr)
         return EXIT_USAGE
@@ -235,10 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     bench.set_defaults(func=cmd_bench)
 
-    from rdma_hca.tools import check, doctor
+    from rdma_hca.tools import check, config, doctor
 
     doctor.add_parser(sub)
     check.add_parser(sub)
+    config.add_parser(sub)
     for name, p in sub.choices.items():
         if name != "serve":
             # None means "not given": main fills these from RDMA_HCA_* as serve would.
@@ -258,16 +311,93 @@ def _quiet_stdout() -> None:
         os.close(devnull)
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM before ``serve``'s event loop takes them over (or in a tool)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def stop_status(command: str, signum: int) -> int:
+    """The documented status of a command stopped by ``signum``: SIGINT is 130 for every
+    command; SIGTERM is serve's normal stop (0) and 143 for the others."""
+    if signum == signal.SIGINT:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if command == "serve" else EXIT_TERMINATED
+
+
+def _stopped(command: str, signum: int) -> int:
+    name = signal.Signals(signum).name
+    who = "rdma-hca" if command == "rdma-hca" else f"rdma-hca {command}"
+    line = (f"{who}: {name} while starting; stopped before serving anything"
+            if command == "serve" else f"{who}: stopped by {name}")
+    if logging.getLogger().handlers:
+        # serve's log is set up: the line goes out in its format.
+        logging.getLogger("rdma_hca.daemon").warning("%s", line)
+    else:
+        print(line, file=sys.stderr)
+    return stop_status(command, signum)
+
+
+def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                       extra: Sequence[str]) -> None:
+    """Exit 2 with the subcommand's usage and the flag most like an unknown one."""
+    target = parser
+    command = getattr(args, "command", None)
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if command and sub is not None:
+        target = sub.choices[command]
+    flags = [f for f in target._option_string_actions if f.startswith("--")]
+    message = "unrecognized arguments: " + " ".join(extra)
+    for word in extra:
+        if word.startswith("-"):
+            hint = closest(word.partition("=")[0], flags)
+            if hint:
+                message += f"; did you mean {hint}?"
+                break
+    target.error(message)
+
+
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _raise_stopped)
+    # Named before parsing: a signal may come while the parser is still being built.
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = [next((w for w in words if not w.startswith("-")), "rdma-hca")]
+    if command[0] not in COMMANDS:
+        command[0] = "rdma-hca"
+    try:
+        return _main(argv, env, command)
+    except Stopped as exc:
+        return _stopped(command[0], exc.signum)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None,
+          named: list[str]) -> int:
     env = os.environ if env is None else env
     parser = build_parser()
     # argparse's own output (--help, usage errors) already ignores a closed pipe.
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unknown_arguments(parser, args, extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
     command = args.command
+    named[0] = command
+    if _pending:
+        raise Stopped(_pending[0])
     args.environ = env  # what cmd_serve reads, so main(env=...) means the same everywhere
     try:
         if command != "serve":
@@ -292,7 +422,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        # Where SIGINT could not be taken over (main() called off the main thread).
+        return _stopped(command, signal.SIGINT)
     return result
 
 

@@ -408,3 +408,47 @@ async def test_inventory_follows_rapid_port_flaps(daemon: Daemon, kubelet: Kubel
             and any(h.name == "mlx5_0" and h.ports[0].is_up == u for h in daemon.inventory.hcas),
             5), f"the daemon never saw mlx5_0 {'up' if up else 'down'}"
     await kubelet.wait_for(lambda: kubelet.allocatable(R) == (1000 if up else 0))
+
+
+async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    from rdma_hca.settings.config import ConfigError, Selectors
+
+    # Globs the config alone cannot tell apart: only discovery shows mlx5_1 in both.
+    pools = (
+        PoolConfig(selectors=Selectors(names=("mlx5_[0-3]",))),
+        PoolConfig(resource_name="rdma/storage", mode=Mode.EXCLUSIVE,
+                   selectors=Selectors(names=("mlx5_?",), drivers=("mlx5_core",))),
+    )
+    d = Daemon(make_settings(node, plugin_dir, pools=pools), netlink=False)
+    try:
+        with pytest.raises(ConfigError) as err:
+            await d.start()
+    finally:
+        await d.stop()
+    text = str(err.value)
+    assert "the HCA mlx5_0 is in the exclusive pool rdma/storage and in the pool rdma/hca" \
+        in text and "\n" not in text
+    assert kubelet.registrations(R) == 0
+
+
+async def test_shared_pools_may_hold_the_same_hca_said_once(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from rdma_hca.settings.config import Selectors
+
+    pools = (
+        PoolConfig(selectors=Selectors(names=("mlx5_[0-1]",))),
+        PoolConfig(resource_name="rdma/storage", selectors=Selectors(names=("mlx5_?",))),
+    )
+    d = Daemon(make_settings(node, plugin_dir, pools=pools), netlink=False)
+    with caplog.at_level(logging.INFO, logger="rdma_hca"):
+        await d.start()
+    try:
+        await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000
+                               and kubelet.allocatable("rdma/storage") == 1000)
+    finally:
+        await d.stop()
+    said = [r.getMessage() for r in caplog.records if "shared pools hold" in r.getMessage()]
+    assert said == ["shared pools hold the same HCA(s), whose pods share them: "
+                    "mlx5_0 in rdma/hca, rdma/storage; mlx5_1 in rdma/hca, rdma/storage"]

@@ -255,15 +255,16 @@ async def wait_registered(kubelet: KubeletEmulator, *, more_than: int = 0,
 # --- signals --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
-async def test_signal_stops_cleanly(sig: signal.Signals, node: SimNode, plugin_dir: Path,
-                                    kubelet: KubeletEmulator) -> None:
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)],
+                         ids=["TERM", "INT"])
+async def test_signal_stops_cleanly(sig: signal.Signals, status: int, node: SimNode,
+                                    plugin_dir: Path, kubelet: KubeletEmulator) -> None:
     async with serve(serve_argv(node, plugin_dir)) as proc:
         await wait_registered(kubelet)
         assert kubelet.node_status() == {"capacity": {R: "1k"}, "allocatable": {R: "1k"}}
         assert (plugin_dir / SOCKET).is_socket()
         proc.send(sig)
-        assert await proc.wait_exit(WAIT) == 0
+        assert await proc.wait_exit(WAIT) == status
     assert not (plugin_dir / SOCKET).exists(), "the plugin left its socket behind"
     # The kubelet saw the stream end: no device is allocatable any more.
     await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)

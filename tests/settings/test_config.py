@@ -66,7 +66,7 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
 
 def test_selectors_parsed(tmp_path: Path) -> None:
     cfg = write(tmp_path, "selectors:\n  names: ['mlx5_[0-7]']\n  linkLayers: [Ethernet]\n"
-                          "  drivers: mlx5_core\n")
+                          "  drivers: [mlx5_core]\n")
     sel = load_settings(cfg, {}, {}).pools[0].selectors
     assert sel.names == ("mlx5_[0-7]",)
     assert sel.link_layers == ("Ethernet",)
@@ -221,7 +221,7 @@ def test_node_name_from_its_variable_then_node_name_then_flag() -> None:
 
 
 def test_node_name_is_not_a_file_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match="set by flag or variable only"):
         load_settings(write(tmp_path, "nodeName: gpu-1\n"), {}, {})
 
 

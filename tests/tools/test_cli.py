@@ -167,6 +167,35 @@ def test_serve_refuses_a_root_one_level_too_high(capsys: pytest.CaptureFixture[s
     assert f"did you mean {gpu.sysfs_root}?" in err
 
 
+@pytest.mark.parametrize("layer", ["flag", "variable"])
+def test_serve_refuses_a_kubelet_root_that_is_a_file_at_once(
+        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path,
+        layer: str) -> None:
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root:x:0:0\n")
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    env = {}
+    if layer == "flag":
+        argv += ["--kubelet-root", str(a_file)]
+    else:
+        env["RDMA_HCA_KUBELET_ROOT"] = str(a_file)
+    code, _, err = run(capsys, argv, env)
+    assert code == 2
+    where = "flag --kubelet-root" if layer == "flag" else "environment variable " \
+        "RDMA_HCA_KUBELET_ROOT"
+    assert err == (f"rdma-hca serve: config error: kubeletRoot: '{a_file}' (from {where}) is "
+                   f"not valid: {a_file} is not a directory: give the kubelet's root "
+                   "directory, e.g. /var/lib/kubelet\n")
+
+
+def test_serve_names_the_config_variable_it_could_not_read(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, ["serve"], {"RDMA_HCA_CONFIG": str(tmp_path / "nope.yaml")})
+    assert code == 2
+    assert err.startswith(f"rdma-hca serve: config error: RDMA_HCA_CONFIG: "
+                          f"'{tmp_path / 'nope.yaml'}' is not valid: the file cannot be read")
+
+
 # --- serve's warnings go through the log format --------------------------------------------
 
 
@@ -255,3 +284,91 @@ def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[
     assert str(served[0].pools[0].mode) == "shared"
     code, _, err = run(capsys, argv, {"RDMA_HCA_MODE": "sideways"})
     assert code == 2 and "RDMA_HCA_MODE" in err
+
+
+# --- usage errors name the subcommand and the likely flag ----------------------------------
+
+
+@pytest.mark.parametrize(("argv", "usage", "hint"), [
+    (["discover", "--jsn"], "usage: rdma-hca discover", "did you mean --json?"),
+    (["serve", "--metrics-adress", ":1"], "usage: rdma-hca serve",
+     "did you mean --metrics-address?"),
+    (["doctor", "--node", "--kubelet-rot=/x"], "usage: rdma-hca doctor",
+     "did you mean --kubelet-root?"),
+    (["check", "--proc-rot", "/proc"], "usage: rdma-hca check", "did you mean --proc-root?"),
+])
+def test_an_unknown_flag_shows_the_subcommands_usage_and_the_closest_flag(
+        capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, hint: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv, env={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"rdma-hca {argv[0]}: error: unrecognized arguments: ")
+    assert last.endswith(hint)
+
+
+def test_an_unknown_word_without_a_likely_flag_names_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["discover", "--zzzzzz"], env={})
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "rdma-hca discover: error: unrecognized arguments: --zzzzzz"
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://x/readyz", "http:///readyz",
+                                 "http://127.0.0.1:99999/readyz"])
+def test_doctor_readyz_url_that_is_no_url_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], url: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["doctor", "--node", "--readyz-url", url], env={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: rdma-hca doctor")
+    assert f"argument --readyz-url: {url!r} is not an http:// or https:// URL with a host" in err
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_check_proc_root_that_cannot_be_used_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "proc"
+    if kind == "file":
+        path.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["check", "--proc-root", str(path)], env={})
+    assert exit_.value.code == 2
+    why = "does not exist" if kind == "missing" else "is not a directory"
+    assert (f"argument --proc-root: {path} {why}: give the directory where procfs is mounted"
+            in capsys.readouterr().err)
+
+
+def test_doctor_node_takes_the_kubelet_root(capsys: pytest.CaptureFixture[str],
+                                            gpu: sim.SimNode, tmp_path: Path) -> None:
+    (tmp_path / "kubelet" / "device-plugins").mkdir(parents=True)
+    code, out, _ = run(capsys, ["doctor", "--node", "--json", "--sysfs-root", str(gpu.sysfs_root),
+                                "--dev-root", str(gpu.dev_root),
+                                "--kubelet-root", str(tmp_path / "kubelet"),
+                                "--readyz-url", "http://127.0.0.1:1/readyz"])
+    kubelet = next(c for c in json.loads(out)["checks"] if c["name"] == "kubelet socket")
+    assert str(tmp_path / "kubelet" / "device-plugins" / "kubelet.sock") in kubelet["detail"]
+    assert code == 1
+    (tmp_path / "a-file").write_text("")
+    code, out, err = run(capsys, ["doctor", "--node", "--sysfs-root", str(gpu.sysfs_root),
+                                  "--dev-root", str(gpu.dev_root),
+                                  "--kubelet-root", str(tmp_path / "a-file")])
+    assert code == 2 and out == ""
+    assert err.strip() == (f"rdma-hca doctor: --kubelet-root {tmp_path / 'a-file'} is not a "
+                           "directory: give the kubelet's root directory, e.g. /var/lib/kubelet")
+
+
+@pytest.mark.parametrize(("command", "sig", "status"), [
+    ("serve", "SIGINT", 130), ("serve", "SIGTERM", 0),
+    ("discover", "SIGINT", 130), ("discover", "SIGTERM", 143),
+])
+def test_one_status_per_signal_as_documented(command: str, sig: str, status: int) -> None:
+    import signal
+
+    assert cli.stop_status(command, signal.Signals[sig]) == status
+    table = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    assert f"| {status} |" in table or status == 0

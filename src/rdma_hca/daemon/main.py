@@ -1,6 +1,8 @@
 """``rdma-hca serve`` as a process: limits, logging, signals, the event loop around the Daemon.
 
-Signals: SIGTERM and SIGINT stop the daemon (exit 0); SIGHUP asks for a rescan
+Signals: SIGTERM stops the daemon (exit 0), SIGINT too (exit 130, as for every command);
+before the event loop takes them over, ``rdma_hca.cli`` ends the start the same way, with
+the same statuses and one line. SIGHUP asks for a rescan
 (rediscover the node now and check the kubelet's socket and ours), never a reload:
 the configuration comes from a ConfigMap whose checksum annotation rolls the pods.
 A root task that dies stops the daemon with exit status 1; an HTTP address that
@@ -16,6 +18,7 @@ import resource
 import signal
 import sys
 
+from rdma_hca.kit.exitcodes import EXIT_INTERRUPTED
 from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
@@ -84,9 +87,16 @@ def serve(settings: Settings) -> int:
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        daemon = Daemon(settings)
+        stopped_by: list[int] = []
+
+        def on_stop(sig: int) -> None:
+            stopped_by.append(sig)
+            stop.set()
+
+        # First of all: from here a stop signal ends the run through the daemon's own stop.
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_stop, sig)
+        daemon = Daemon(settings)
         loop.add_signal_handler(signal.SIGHUP, daemon.rescan)
         try:
             await daemon.run(stop, on_started=settle_heap)
@@ -97,6 +107,8 @@ def serve(settings: Settings) -> int:
             # Found only once the node is known (e.g. an HCA both DRA and a pool select).
             log.error("config error: %s", exc)
             return EXIT_CONFIG
-        return EXIT_TASK_DIED if daemon.failed else EXIT_OK
+        if daemon.failed:
+            return EXIT_TASK_DIED
+        return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else EXIT_OK
 
     return asyncio.run(main())

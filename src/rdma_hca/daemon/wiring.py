@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,16 @@ from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.sayonce import Latch
-from rdma_hca.node.model import Gid, NodeInventory
+from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import ConfigError, Settings, overlapping_hcas
+from rdma_hca.settings.config import (
+    ConfigError,
+    Settings,
+    exclusive_first,
+    overlapping_hcas,
+    pools_sharing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +250,7 @@ class Daemon:
                 "dra.selectors", ", ".join(f"{n} ({' and '.join(w)})" for n, w in twice.items()),
                 "an HCA is offered by DRA and by a device plugin pool at once; give dra.selectors "
                 "and the pools' selectors HCAs apart, or set devicePlugin.enabled: false")
+        self._check_pools_apart(inventory.hcas)
         if self.settings.metrics_address:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
@@ -269,6 +276,26 @@ class Daemon:
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
+
+    def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
+        """An HCA in an exclusive pool and another pool is a config error; shared pools
+        may hold a same HCA (their pods then share it), said once here."""
+        shared: dict[str, list[str]] = {}
+        for name, a, b in pools_sharing(self.settings, hcas):
+            pair = exclusive_first(a, b)
+            if pair is not None:
+                raise ConfigError(
+                    "pools", name, f"the HCA {name} is in the exclusive pool "
+                    f"{pair[0].resource_name} and in the pool {pair[1].resource_name}: an "
+                    "exclusive pool gives each HCA to one pod only; give the pools selectors "
+                    "that keep their HCAs apart")
+            for pool in (a, b):
+                holders = shared.setdefault(name, [])
+                if pool.resource_name not in holders:
+                    holders.append(pool.resource_name)
+        if shared:
+            log.info("shared pools hold the same HCA(s), whose pods share them: %s",
+                     "; ".join(f"{n} in {', '.join(p)}" for n, p in shared.items()))
 
     async def stop(self) -> None:
         """Stop every task and close every server, whatever state they are in.

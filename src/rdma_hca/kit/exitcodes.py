@@ -11,5 +11,7 @@ EXIT_USAGE = 2
 # stdout was closed early (`rdma-hca discover | head`): what a shell reports for a
 # process ended by SIGPIPE (128 + 13), without the traceback Python would print.
 EXIT_BROKEN_PIPE = 141
-# Ctrl-C: 128 + SIGINT, as a shell reports it.
+# SIGINT (Ctrl-C), for every command, serve included: 128 + SIGINT, as a shell reports it.
 EXIT_INTERRUPTED = 130
+# SIGTERM, for every command but serve (whose normal stop it is: 0): 128 + SIGTERM.
+EXIT_TERMINATED = 143

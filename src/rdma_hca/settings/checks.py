@@ -13,7 +13,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from rdma_hca.node.model import Hca
-from rdma_hca.settings.model import Selectors, Settings, norm_hex
+from rdma_hca.settings.model import Mode, PoolConfig, Selectors, Settings, norm_hex
 
 
 def _names_meet(a: Sequence[str], b: Sequence[str]) -> bool:
@@ -58,12 +58,43 @@ def overlapping_hcas(settings: Settings, hcas: Sequence[Hca]) -> dict[str, list[
     return {name: who for name, who in owners.items() if len(who) > 1}
 
 
+def pools_sharing(settings: Settings, hcas: Sequence[Hca]
+                  ) -> list[tuple[str, PoolConfig, PoolConfig]]:
+    """(HCA name, pool, later pool) for every HCA two device-plugin pools both hold."""
+    out: list[tuple[str, PoolConfig, PoolConfig]] = []
+    for h in hcas:
+        holders = [p for p in settings.pools if p.selectors.matches(h)]
+        out.extend((h.name, a, b) for i, a in enumerate(holders) for b in holders[i + 1:])
+    return out
+
+
+def exclusive_first(a: PoolConfig, b: PoolConfig) -> tuple[PoolConfig, PoolConfig] | None:
+    """The pair with an exclusive pool first, or None when both are shared."""
+    if a.mode is Mode.EXCLUSIVE:
+        return a, b
+    if b.mode is Mode.EXCLUSIVE:
+        return b, a
+    return None
+
+
 def selected_hcas(settings: Settings, hcas: Sequence[Hca]) -> tuple[Hca, ...]:
     """The union of the pools' HCAs (and DRA's, when enabled), in the order given."""
     selectors = [p.selectors for p in settings.pools]
     if settings.dra.enabled:
         selectors.append(settings.dra.selectors)
     return tuple(h for h in hcas if any(s.matches(h) for s in selectors))
+
+
+def kubelet_root_problem(path: str) -> str | None:
+    """Why ``path`` cannot be the kubelet's root (or device-plugins) directory, or None.
+
+    A missing one is fine (the kubelet may not have made it yet: the daemon waits); a file
+    would be waited on forever.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        return (f"{path} is not a directory: give the kubelet's root directory, e.g. "
+                "/var/lib/kubelet")
+    return None
 
 
 def root_problem(kind: str, path: str) -> str | None:

@@ -22,7 +22,10 @@ from typing import Any
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.kit.text import closest
 from rdma_hca.settings.checks import (
+    exclusive_first,
+    kubelet_root_problem,
     overlapping_hcas,
+    pools_sharing,
     root_problem,
     selected_hcas,
     surely_shared,
@@ -105,9 +108,12 @@ __all__ = [
     "add_flags",
     "docs_table",
     "env_warnings",
+    "exclusive_first",
     "flag_values",
+    "kubelet_root_problem",
     "load_settings",
     "overlapping_hcas",
+    "pools_sharing",
     "read_config_file",
     "root_problem",
     "selected_hcas",
@@ -122,6 +128,8 @@ validate_resource_name = resource_name_problem
 class _Value:
     value: Any
     source: str
+    # What gave it: "file" (typed YAML values), "env" (always text) or "flag".
+    layer: str = "flag"
 
 
 def _flag_source(s: Setting) -> str:
@@ -142,9 +150,12 @@ def load_settings(
     """
     env = dict(env or {})
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    config_name = "--config"
     if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
         config_file = env[ENV_PREFIX + "CONFIG"]
-    file_data: dict[Any, Any] = read_config_file(config_file) if config_file else {}
+        config_name = ENV_PREFIX + "CONFIG"
+    file_data: dict[Any, Any] = (read_config_file(config_file, config_name) if config_file
+                                 else {})
     file_src = f"config file {config_file}"
 
     merged: dict[str, _Value] = {}
@@ -153,10 +164,7 @@ def load_settings(
     for key, value in file_data.items():
         name = str(key)
         if name not in top_keys:
-            hint = closest(name, top_keys)
-            raise ConfigError(name, value, (f"unknown key; did you mean {hint}?" if hint else
-                                            "unknown key; allowed keys are "
-                                            + ", ".join(sorted(top_keys))), file_src)
+            raise ConfigError(name, value, _unknown_key(name, top_keys), file_src)
         if name in groups:
             if value is None:
                 continue
@@ -167,13 +175,13 @@ def load_settings(
                 if str(sub) not in groups[name]:
                     raise ConfigError(f"{name}.{sub}", subval, "unknown key; allowed: "
                                       + ", ".join(groups[name]), file_src)
-                merged[f"{name}.{sub}"] = _Value(subval, file_src)
+                merged[f"{name}.{sub}"] = _Value(subval, file_src, "file")
         else:
-            merged[name] = _Value(value, file_src)
+            merged[name] = _Value(value, file_src, "file")
     for s in SETTINGS:
         for var in s.env:
             if var in env:
-                merged[s.key] = _Value(env[var], f"environment variable {var}")
+                merged[s.key] = _Value(env[var], f"environment variable {var}", "env")
                 break
     for key, value in flags.items():
         declared = BY_KEY.get(key)
@@ -184,6 +192,19 @@ def load_settings(
     settings = _build(merged, config_file, warnings)
     _check_static_overlap(settings, merged)
     return settings
+
+
+def _unknown_key(name: str, allowed: Sequence[str]) -> str:
+    """What to say of a key the file may not hold here."""
+    declared = BY_KEY.get(name)
+    if declared is not None and declared.scope is Scope.MACHINE:
+        how = " or ".join(([f"flag {declared.flag}"] if declared.flag else [])
+                          + [f"variable {e}" for e in declared.env])
+        return (f"set by flag or variable only ({how}), not in the config file: it differs "
+                "from node to node")
+    hint = closest(name, allowed)
+    return (f"unknown key; did you mean {hint}?" if hint else
+            "unknown key; allowed keys are " + ", ".join(sorted(allowed)))
 
 
 def env_warnings(env: Mapping[str, str]) -> list[str]:
@@ -211,13 +232,14 @@ def _str(v: _Value, key: str) -> str:
 def _bool(v: _Value, key: str) -> bool:
     if isinstance(v.value, bool):
         return v.value
-    if isinstance(v.value, str):
+    if isinstance(v.value, str) and v.layer != "file":
+        # A variable is text: the same two words a YAML boolean is written with.
         low = v.value.strip().lower()
-        if low in {"true", "1", "yes", "on"}:
-            return True
-        if low in {"false", "0", "no", "off", ""}:
-            return False
-    raise ConfigError(key, v.value, "true or false", v.source)
+        if low in {"true", "false"}:
+            return low == "true"
+    allowed = ("true or false, a YAML boolean without quotes" if v.layer == "file"
+               else "true or false")
+    raise ConfigError(key, v.value, allowed, v.source)
 
 
 def _int(v: _Value, key: str, s: Setting) -> int:
@@ -251,13 +273,16 @@ def _float(v: _Value, key: str, s: Setting) -> float:
     return num
 
 
-def _enum(v: _Value, key: str, s: Setting) -> str:
+def _enum(v: _Value, key: str, s: Setting) -> StrEnum:
     raw = v.value
-    if isinstance(raw, str):
-        for choice in s.choices:
-            if raw.strip().lower() == choice:
-                return choice
-    raise ConfigError(key, raw, allowed_text(s), v.source)
+    assert s.enum is not None, f"{s.key} is declared ENUM without its enum type"
+    if isinstance(raw, str) and raw in s.choices:
+        return s.enum(raw)
+    allowed = allowed_text(s)
+    if isinstance(raw, str) and raw.strip().lower() in s.choices:
+        # Written as documented, exactly: `Shared` would read as a different value elsewhere.
+        allowed += f", written exactly so: did you mean {raw.strip().lower()}?"
+    raise ConfigError(key, raw, allowed, v.source)
 
 
 def _metrics_address(v: _Value, key: str) -> str:
@@ -304,8 +329,9 @@ def _selectors(v: _Value, key: str) -> Selectors:
         if sub not in SELECTOR_KEYS:
             raise ConfigError(f"{key}.{sub}", items,
                               "unknown selector; allowed: " + ", ".join(SELECTOR_KEYS), v.source)
-        if isinstance(items, str):
-            items = [items]
+        if isinstance(items, str) and items:
+            raise ConfigError(f"{key}.{sub}", items, f"a list of non-empty strings: write "
+                              f"[{items}]", v.source)
         if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
             raise ConfigError(f"{key}.{sub}", items, "a list of non-empty strings", v.source)
         if sub == "linkLayers":
@@ -344,14 +370,9 @@ def _value(s: Setting, v: _Value, key: str) -> Any:
     return _str(v, key)
 
 
-_ENUMS: dict[str, type[StrEnum]] = {"mode": Mode, "unhealthyWhen": UnhealthyWhen,
-                                     "logFormat": LogFormat}
-
-
 def _typed(s: Setting, v: _Value, key: str) -> Any:
-    value = _value(s, v, key)
-    enum = _ENUMS.get(s.key)
-    return enum(value) if enum is not None else value
+    # Every kind, enums included, comes back typed from _value whatever the layer.
+    return _value(s, v, key)
 
 
 # --- pools -------------------------------------------------------------------------------
@@ -379,17 +400,14 @@ def _pools(merged: Mapping[str, _Value], warnings: list[str]) -> tuple[PoolConfi
                               raw.source)
         for k in entry:
             if k not in POOL_KEYS:
-                hint = closest(str(k), POOL_KEYS)
-                raise ConfigError(prefix + str(k), entry[k],
-                                  "unknown key; " + (f"did you mean {hint}?" if hint else
-                                                     "allowed: " + ", ".join(sorted(POOL_KEYS))),
+                raise ConfigError(prefix + str(k), entry[k], _unknown_key(str(k), POOL_KEYS),
                                   raw.source)
         if "resourceName" not in entry:
             raise ConfigError(prefix + "resourceName", None,
                               "every pool needs its own resourceName", raw.source)
         # Top-level pool keys are defaults that every pool may override.
         values = dict(top)
-        values.update({k: _Value(v, raw.source) for k, v in entry.items()})
+        values.update({k: _Value(v, raw.source, raw.layer) for k, v in entry.items()})
         pools.append(_pool(values, prefix))
         entries.append(entry)
     names = [p.resource_name for p in pools]
@@ -454,6 +472,7 @@ def _build(merged: Mapping[str, _Value], config_file: str | None,
 
 
 def _check_static_overlap(settings: Settings, merged: Mapping[str, _Value]) -> None:
+    _check_exclusive_pools(settings, merged)
     if not settings.dra.enabled:
         return
     dra = settings.dra.selectors
@@ -473,3 +492,29 @@ def _check_static_overlap(settings: Settings, merged: Mapping[str, _Value]) -> N
         v = merged.get("dra.enabled", _Value(True, ""))
         raise ConfigError("dra.enabled", v.value,
                           f"{why}, so it would be offered twice: {fix}", v.source)
+
+
+def _check_exclusive_pools(settings: Settings, merged: Mapping[str, _Value]) -> None:
+    """Two pools known from the config alone to hold a same HCA, one of them exclusive.
+
+    An exclusive pool hands each HCA to one pod; another pool would hand it out again.
+    Shared pools may overlap (the daemon says so once, naming the HCAs, after discovery).
+    """
+    pools = settings.pools
+    for i, a in enumerate(pools):
+        for b in pools[i + 1:]:
+            pair = exclusive_first(a, b)
+            if pair is None or not surely_shared(a.selectors, b.selectors):
+                continue
+            ex, other = pair
+            if ex.selectors.takes_all or other.selectors.takes_all:
+                whole = ex if ex.selectors.takes_all else other
+                why = f"the pool {whole.resource_name} takes every HCA"
+            else:
+                why = "both select the same HCA names"
+            v = merged.get("pools", _Value(None, ""))
+            raise ConfigError(
+                "pools", f"{ex.resource_name}, {other.resource_name}",
+                f"the exclusive pool {ex.resource_name} and the pool {other.resource_name} "
+                f"would both hold an HCA ({why}): an exclusive pool gives each HCA to one "
+                "pod only; give the pools selectors that keep their HCAs apart", v.source)

@@ -77,6 +77,7 @@ class Setting:
     default_text: str | None = None  # how the docs show a default that is derived
     max_length: int | None = None  # for names
     absolute: bool = False  # a path that must be absolute
+    enum: type[StrEnum] | None = None  # the type an ENUM setting's value has, whatever layer
 
     @property
     def in_file(self) -> bool:
@@ -100,7 +101,9 @@ def flag_name(key: str) -> str:
 
 def _s(key: str, kind: Kind, default: object, help: str, *, attr: str | None = None,
        flag: bool = True, env: bool = True, extra_env: Sequence[str] = (),
-       **kw: object) -> Setting:
+       enum: type[StrEnum] | None = None, **kw: object) -> Setting:
+    if enum is not None:
+        kw.update(enum=enum, choices=_choices(enum))
     if attr is None:
         group, _, name = key.rpartition(".")
         snake = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
@@ -127,10 +130,10 @@ SETTINGS: tuple[Setting, ...] = (
        scope=Scope.POOL, minimum=1, maximum=100000),
     _s("mode", Kind.ENUM, Mode.SHARED.value,
        "shared: every pod gets every HCA of the pool; exclusive: one device per HCA",
-       scope=Scope.POOL, choices=_choices(Mode)),
+       scope=Scope.POOL, enum=Mode),
     _s("unhealthyWhen", Kind.ENUM, UnhealthyWhen.ANY.value,
        "the pool is Unhealthy while any (or all) of its HCAs has no port up",
-       scope=Scope.POOL, choices=_choices(UnhealthyWhen)),
+       scope=Scope.POOL, enum=UnhealthyWhen),
     _s("selectors", Kind.SELECTORS, None,
        "which HCAs the pool holds (see Selectors); none given: every HCA",
        scope=Scope.POOL, flag=False, env=False, default_text="all HCAs"),
@@ -156,7 +159,7 @@ SETTINGS: tuple[Setting, ...] = (
        max_length=63),
     _s("dra.mode", Kind.ENUM, Mode.SHARED.value,
        "shared: a device may be in several claims at once (allowMultipleAllocations); "
-       "exclusive: in one claim at a time", choices=_choices(Mode)),
+       "exclusive: in one claim at a time", enum=Mode),
     _s("dra.selectors", Kind.SELECTORS, None,
        "which HCAs the DRA driver publishes (same keys as a pool's selectors)",
        flag=False, env=False, default_text="all HCAs"),
@@ -176,9 +179,9 @@ SETTINGS: tuple[Setting, ...] = (
        "concurrent HTTP connections; more are answered 503 at once",
        minimum=1, maximum=4096),
     _s("logFormat", Kind.ENUM, LogFormat.TEXT.value, "log line format",
-       choices=_choices(LogFormat)),
+       enum=LogFormat),
     _s("logLevel", Kind.ENUM, LogLevel.INFO.value, "least severe level logged",
-       choices=_choices(LogLevel)),
+       enum=LogLevel),
     # --- where things are on this machine (flags and environment only) -------------------
     _s("sysfsRoot", Kind.PATH, "/sys", "where sysfs is mounted",
        scope=Scope.MACHINE, shared=True),

@@ -92,14 +92,49 @@ def _where(mark: Any) -> str:
     return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
 
 
+class _Keys:
+    """The keys seen so far in one open mapping, and whether the next node is a key."""
+
+    __slots__ = ("seen", "want_key")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}  # key -> its line (1-based)
+        self.want_key = True
+
+
+def _check_key(path: str, frame: _Keys | None, event: Any) -> None:
+    """A node inside a mapping: refuse a key given twice (YAML would keep the last)."""
+    if frame is None:
+        return
+    if frame.want_key and isinstance(event, yaml.ScalarEvent) and event.value != "<<":
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
+        first = frame.seen.get(event.value)
+        if first is not None:
+            raise _error(path, f"the key {event.value!r} is given twice, at line {first} and "
+                               f"at line {line}: keep one (YAML would silently take the last)")
+        frame.seen[event.value] = line
+    frame.want_key = not frame.want_key
+
+
 def _check_events(path: str, text: str) -> None:
-    """Refuse depth, expansion and number sizes no config needs, before constructing."""
+    """Refuse depth, expansion, number sizes and duplicated keys no config needs, before
+    constructing."""
     depth = 0
     aliases = 0
     anchored: dict[str, int] = {}
     # One frame per open collection: [expanded size so far, its anchor].
     stack: list[list[Any]] = [[0, None]]
+    # One per open collection: the keys of a mapping, None for a sequence (or the stream).
+    keys: list[_Keys | None] = [None]
     for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.NodeEvent):
+            _check_key(path, keys[-1], event)
+        if isinstance(event, yaml.MappingStartEvent):
+            keys.append(_Keys())
+        elif isinstance(event, yaml.SequenceStartEvent):
+            keys.append(None)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            keys.pop()
         size = 0
         anchor = None
         if isinstance(event, yaml.CollectionStartEvent):
@@ -143,10 +178,27 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"it is not valid YAML{_where(getattr(exc, 'problem_mark', None))}{what}: fix the syntax"
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Parse the YAML file; anything unreadable, oversized or malformed is a ConfigError."""
+def read_config_file(path: str | Path, name: str = "--config") -> dict[str, Any]:
+    """Parse the YAML file; anything unreadable, oversized or malformed is a ConfigError.
+
+    ``name`` is how errors name what gave the path (``--config``, ``RDMA_HCA_CONFIG``).
+    """
     path = str(path)
-    text = _decode(path, _read_bytes(path))
+    try:
+        return _read(path)
+    except ConfigError as exc:
+        if name == exc.field_name:
+            raise
+        raise ConfigError(name, exc.value, exc.allowed, exc.source) from None
+
+
+def _read(path: str) -> dict[str, Any]:
+    return parse_config_text(path, _decode(path, _read_bytes(path)))
+
+
+def parse_config_text(path: str, text: str) -> dict[str, Any]:
+    """The mapping YAML (or JSON) ``text`` holds, with the file's bounds and checks;
+    errors name ``path`` (the file the text came from)."""
     try:
         _check_events(path, text)
     except yaml.YAMLError as exc:

@@ -165,7 +165,7 @@ class Settings:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     http: HttpConfig = field(default_factory=HttpConfig)
     log_format: LogFormat = LogFormat.TEXT
-    log_level: str = "info"
+    log_level: LogLevel = LogLevel.INFO
     cdi: CdiConfig = field(default_factory=CdiConfig)
     dra: DraConfig = field(default_factory=DraConfig)
     sysfs_root: str = "/sys"

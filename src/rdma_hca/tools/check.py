@@ -26,6 +26,7 @@ from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.node.model import Hca
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
+from rdma_hca.tools.arguments import mounted_dir
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command
@@ -52,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Check, from inside a container that asked for rdma/hca, that RDMA can "
         "work here. Exit 0: all checks pass; 1: a check fails; 2: bad flags.",
     )
-    p.add_argument("--proc-root", default="/proc", help="where procfs is mounted")
+    p.add_argument("--proc-root", default="/proc", type=mounted_dir("procfs"),
+                   help="where procfs is mounted")
     p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     p.add_argument("--dev-root", default="/dev", help="where device nodes live")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.settings.config import BY_KEY, add_flags
+from rdma_hca.tools.arguments import http_url
 from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
 from rdma_hca.tools.doctor.result import parse_command
 
@@ -53,12 +54,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     nd.add_argument("--dev-root", default="/dev", help="where device nodes live")
     add_flags(nd, [BY_KEY["readDeadlineSeconds"]])
+    add_flags(nd, [BY_KEY["kubeletRoot"]])
     nd.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
-                    help="the kubelet's device-plugins directory")
+                    help="the kubelet's device-plugins directory (default "
+                    "<kubelet root>/device-plugins)")
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
     nd.add_argument("--non-host-network", action="store_true", default=None,
                     help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")
-    nd.add_argument("--readyz-url", default="http://127.0.0.1:9478/readyz",
+    nd.add_argument("--readyz-url", default="http://127.0.0.1:9478/readyz", type=http_url,
                     help="the plugin's readiness URL (200 = registered with the kubelet)")
     p.set_defaults(func=run)
 
