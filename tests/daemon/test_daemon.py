@@ -148,7 +148,9 @@ async def test_kubelet_absent_at_start_is_waited_for(node: SimNode, plugin_dir: 
     d = Daemon(make_settings(node, plugin_dir), netlink=False)
     await d.start()
     try:
-        await asyncio.sleep(0.3)
+        # It has tried, found no kubelet, and waits for one.
+        assert await wait_until(lambda: d.lifecycle.pools[R].last_error is not None, 5)
+        assert "waiting for the kubelet" in (d.lifecycle.pools[R].last_error or "")
         assert not d.ready()
         kubelet = KubeletEmulator(plugin_dir)
         await kubelet.start()
@@ -166,8 +168,7 @@ async def test_stream_end_means_register_again(daemon: Daemon, kubelet: KubeletE
     await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
     # The kubelet dies without cleaning up; our stream ends; it comes back later.
     await kubelet.stop()
-    await asyncio.sleep(0.2)
-    assert not daemon.ready()
+    assert await wait_until(lambda: not daemon.ready(), 5)
     before = daemon.lifecycle.registrations[R]
     (plugin_dir / "kubelet.sock").unlink(missing_ok=True)
     await kubelet.start()
@@ -313,7 +314,9 @@ async def test_old_stream_cannot_disconnect_the_new_registration(
         (plugin_dir / socket_name(R)).unlink()
         await kubelet.wait_for(lambda: kubelet.registrations(R) == 2
                                and kubelet.allocatable(R) == 1000, timeout=10)
-        await asyncio.sleep(0.3)
+        # The old stream had ended when the new registration came: none is left to end
+        # later and disconnect it.
+        assert kubelet.superseded_streams == 0
         assert kubelet.allocatable(R) == 1000
         assert kubelet.registrations(R) == 2
     finally:

@@ -69,7 +69,6 @@ async def test_a_replaced_or_removed_socket_is_served_again(
             # Not ready while the new registration is held back; the socket is back.
             assert await wait_until(lambda: not d.ready() and sock.is_socket()
                                     and kubelet.calls == 2, 5)
-            await asyncio.sleep(0.2)
             assert not d.ready()
             assert d.lifecycle.pools[R].state is State.REGISTERING
             kubelet.release.set()
@@ -88,7 +87,7 @@ async def test_a_missing_directory_is_said_once_then_waited_for(
     caplog.set_level(logging.INFO)
     plugin_dir = tmp_path / "k" / "dp"
     async with running(settings_for(node, plugin_dir)) as d:
-        await asyncio.sleep(1.0)  # several retries
+        assert await wait_until(lambda: d.lifecycle.failed_passes >= 5, 10)  # several retries
         assert not d.ready()
         said = [r for r in caplog.records if "does not exist" in r.getMessage()]
         assert len(said) == 1, [r.getMessage() for r in said]
@@ -114,7 +113,7 @@ async def test_a_socket_path_over_the_unix_limit_is_one_clear_line(
     plugin_dir = tmp_path / ("d" * (120 - len(str(tmp_path))))
     plugin_dir.mkdir()
     async with running(settings_for(node, plugin_dir)) as d:
-        await asyncio.sleep(0.5)
+        assert await wait_until(lambda: d.lifecycle.failed_passes >= 3, 10)  # retried
         assert not d.ready()
     said = [r.getMessage() for r in caplog.records if "unix socket" in r.getMessage()]
     assert len(said) == 1 and "use a shorter --kubelet-dir" in said[0]

@@ -74,6 +74,7 @@ class KubeletLifecycle:
         self._hurry = False
         self._tasks: list[asyncio.Task[None]] = []
         self._dir_missing = False
+        self.failed_passes = 0  # reconcile passes that ended in a retry with backoff
 
     # --- what others read ---------------------------------------------------------------
 
@@ -199,6 +200,7 @@ class KubeletLifecycle:
                 # Something changed while a Register was in flight: look again now.
                 self._wake.set()
                 continue
+            self.failed_passes += 1
             delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
             # Retry after the delay, or at once when something new happens.
             await wait_event(self._wake, delay)

@@ -183,6 +183,12 @@ class KubeletEmulator(PodAdmission):
         if server is not None:
             await self._note("kubelet stopped")
 
+    @property
+    def superseded_streams(self) -> int:
+        """Old streams still open after a newer registration of their resource (only with
+        ``old_stream_disconnects_new``): each would disconnect the new one when it ends."""
+        return len(self._superseded)
+
     async def drop_stream(self, resource: str) -> None:
         """Stop reading the resource's ListAndWatch stream, as a failing kubelet does.
 
