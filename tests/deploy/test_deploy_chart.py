@@ -216,7 +216,7 @@ def test_default_config_content(render: RenderFn) -> None:
         "unhealthyWhen": "any",
         "selectors": {},
         "nonHostNetwork": False,
-        "ncclEnv": False,
+        "ncclEnv": "auto",
         "metricsAddress": ":9478",
         "logFormat": "text",
         "logLevel": "info",

@@ -66,6 +66,7 @@ from rdma_hca.settings.model import (
     LogFormat,
     LogLevel,
     Mode,
+    NcclEnv,
     PoolConfig,
     Selectors,
     Settings,
@@ -96,6 +97,7 @@ __all__ = [
     "LogFormat",
     "LogLevel",
     "Mode",
+    "NcclEnv",
     "PoolConfig",
     "Scope",
     "Selectors",
@@ -253,9 +255,12 @@ def _float(v: _Value, key: str, s: Setting) -> float:
 
 def _enum(v: _Value, key: str, s: Setting) -> str:
     raw = v.value
-    if isinstance(raw, str):
+    # An older spelling may be a YAML boolean (ncclEnv: true).
+    text = ("true" if raw else "false") if isinstance(raw, bool) and s.aliases else raw
+    if isinstance(text, str):
+        low = dict(s.aliases).get(text.strip().lower(), text.strip().lower())
         for choice in s.choices:
-            if raw.strip().lower() == choice:
+            if low == choice:
                 return choice
     raise ConfigError(key, raw, allowed_text(s), v.source)
 
@@ -345,7 +350,7 @@ def _value(s: Setting, v: _Value, key: str) -> Any:
 
 
 _ENUMS: dict[str, type[StrEnum]] = {"mode": Mode, "unhealthyWhen": UnhealthyWhen,
-                                     "logFormat": LogFormat}
+                                     "logFormat": LogFormat, "ncclEnv": NcclEnv}
 
 
 def _typed(s: Setting, v: _Value, key: str) -> Any:
