@@ -32,6 +32,13 @@ class Pod:
         self.hcas = hcas
         self.env = {"RDMA_HCA_DEVICES": ",".join(h.name for h in hcas)}
 
+    def leave_host_network(self) -> None:
+        """The container's own network namespace: sysfs shows only its eth0 in class/net."""
+        net = self.node.sysfs_root / "class" / "net"
+        for entry in net.iterdir():
+            entry.unlink()
+        (net / "eth0").mkdir()
+
     def plugin_env(self, settings: EnvSettings) -> None:
         self.env = build(self.hcas, settings).as_dict()
 
@@ -74,16 +81,41 @@ def test_the_default_family_on_an_ipv6_only_node_is_fatal(
     assert "how to fix: set NCCL_IB_ADDR_FAMILY=AF_INET6" in out
 
 
-def test_a_pod_network_node_without_ipv6_is_said_in_check(
+POD_NETWORK = EnvSettings(NcclEnv.AUTO, non_host_network=True)
+
+
+def test_off_the_host_network_a_node_without_ipv6_is_said_in_check(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The plugin refused to guess (no family variable); check says what NCCL will do.
-    pod = roce_pod(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11"))
-    pod.plugin_env(EnvSettings(NcclEnv.AUTO, non_host_network=True))
-    assert "NCCL_IB_ADDR_FAMILY" not in pod.env
+    # The plugin refused to guess (no family variable); check says why NCCL will fail.
+    pod = roce_pod(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11", netdev="ens1f0np0"))
+    pod.leave_host_network()
+    pod.plugin_env(POD_NETWORK)
+    assert "NCCL_IB_ADDR_FAMILY" not in pod.env and "NCCL_SOCKET_IFNAME" not in pod.env
+    assert pod.run() == 1
+    out = capsys.readouterr().out
+    assert ("✗ RoCE GID: the GID family is AF_INET (NCCL's default), but this container is "
+            "not on the host network") in out
+    assert ("how to fix: the node has no RoCE v2 GID with a global IPv6 address on "
+            "mlx5_0:1") in out
     pod.env["NCCL_IB_ADDR_FAMILY"] = "AF_INET6"  # what the guide asks for off the host
     assert pod.run() == 1
     out = capsys.readouterr().out
     assert "✗ RoCE GID: AF_INET6: no RoCE v2 GID of that family on mlx5_0:1" in out
+
+
+def test_off_the_host_network_the_plugins_ipv6_choice_passes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = roce_pod(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11", ipv6="2001:db8::11",
+                                         netdev="ens1f0np0"))
+    pod.leave_host_network()
+    pod.env["NCCL_IB_HCA"] = "=mlx5_0:1"
+    assert pod.run() == 1  # NCCL's default, IPv4, is wrong here
+    assert "how to fix: set NCCL_IB_ADDR_FAMILY=AF_INET6" in capsys.readouterr().out
+    pod.plugin_env(POD_NETWORK)
+    assert pod.env["NCCL_IB_GID_INDEX"] == "5"  # v1/v2 link-local, IPv4, then IPv6
+    assert pod.run() == 0, capsys.readouterr().out
+    assert "✓ RoCE GID: NCCL_IB_GID_INDEX=5 is a RoCE v2 GID on mlx5_0:1" in \
+        capsys.readouterr().out
 
 
 def test_a_gid_index_that_is_not_roce_v2_is_fatal(tmp_path: Path,

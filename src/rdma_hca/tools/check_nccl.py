@@ -9,6 +9,12 @@ with its device node and its port up; the GID that ``NCCL_IB_GID_INDEX`` or
 selects is a RoCE v2 GID on every RoCE port NCCL would use; ``UCX_NET_DEVICES`` and
 ``NCCL_SOCKET_IFNAME`` name what exists.
 
+A container off the host network is told apart by its sysfs: ``class/net`` shows the
+interfaces of the container's own network namespace, so the HCAs' netdevs are missing
+there. Such a pod needs the IPv6 family (its RDMA network is IPv6); an IPv4 GID choice is
+a finding, as is a node with no RoCE v2 IPv6 GID at all, which the plugin refuses to guess
+around.
+
 Each finding says whether it is ``fatal``: NCCL would not use RDMA at all (sockets, or
 no connection). Those make the check exit 1; the others are printed with their fix.
 """
@@ -154,7 +160,22 @@ def _family(raw: str | None) -> AddrFamily | None:
     return None
 
 
-def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]]) -> list[Finding]:
+def _pod_network_finding(roce: Sequence[tuple[Hca, Port]], chose: str) -> Finding:
+    missing = [f"{h.name}:{p.number}" for h, p in roce
+               if family_gid(p, AddrFamily.INET6) is None]
+    if missing:
+        fix = ("the node has no RoCE v2 GID with a global IPv6 address on "
+               + ", ".join(missing) + ": give its RDMA netdevs IPv6 addresses (an IPv6 "
+               "compute network), or run the pod with hostNetwork: true")
+    else:
+        fix = "set NCCL_IB_ADDR_FAMILY=AF_INET6 (every port has a RoCE v2 IPv6 GID)"
+    return Finding("RoCE GID", False,
+                   f"{chose}, but this container is not on the host network: its RDMA "
+                   "goes over the node's IPv6 network (a RoCE v2 IPv6 GID)", fix, fatal=True)
+
+
+def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]],
+                  pod_network: bool) -> list[Finding]:
     roce = [(h, p) for h, p in used if p.link_layer is LinkLayer.ETHERNET]
     if not roce:
         return []
@@ -178,6 +199,9 @@ def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]]) -> l
             return [Finding("RoCE GID", False, f"NCCL_IB_GID_INDEX={index}: " + "; ".join(bad),
                             "unset NCCL_IB_GID_INDEX and let NCCL_IB_ADDR_FAMILY choose (or use "
                             "the index shown on every port)", fatal=True)]
+        families = {gid_family(g) for _, p in roce if (g := gid_at(p, index)) is not None}
+        if pod_network and families != {AddrFamily.INET6}:
+            return [_pod_network_finding(roce, f"NCCL_IB_GID_INDEX={index} is not IPv6")]
         return [Finding("RoCE GID", True, f"NCCL_IB_GID_INDEX={index} is a RoCE v2 GID on "
                         + ", ".join(f"{h.name}:{p.number}" for h, p in roce))]
     raw_family = env.get("NCCL_IB_ADDR_FAMILY")
@@ -194,6 +218,8 @@ def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]]) -> l
                                 "default)", fatal=version != "1"))
         return findings
     said = family.value + ("" if raw_family is not None else " (NCCL's default)")
+    if pod_network and family is not AddrFamily.INET6:
+        return [_pod_network_finding(roce, f"the GID family is {said}")]
     missing = [(h, p) for h, p in roce if family_gid(p, family) is None]
     if missing:
         other = AddrFamily.INET6 if family is AddrFamily.INET else AddrFamily.INET
@@ -232,7 +258,15 @@ def _ucx_findings(raw: str | None, hcas: Sequence[Hca]) -> list[Finding]:
     return [Finding("UCX_NET_DEVICES", True, raw)]
 
 
-def _socket_findings(raw: str | None, sysfs_root: Path) -> list[Finding]:
+def _netdevs_here(sysfs_root: Path) -> list[str] | None:
+    """The interfaces of this container's network namespace (None: sysfs cannot say)."""
+    try:
+        return sorted(p.name for p in (sysfs_root / "class" / "net").iterdir())
+    except OSError:
+        return None
+
+
+def _socket_findings(raw: str | None, present: list[str] | None) -> list[Finding]:
     if raw is None:
         return []
     text = raw.strip()
@@ -240,9 +274,7 @@ def _socket_findings(raw: str | None, sysfs_root: Path) -> list[Finding]:
         return [Finding("NCCL_SOCKET_IFNAME", True, f"{text} (excludes)")]
     exact = text.startswith("=")
     wanted = [n.strip() for n in text.removeprefix("=").split(",") if n.strip()]
-    try:
-        present = sorted(p.name for p in (sysfs_root / "class" / "net").iterdir())
-    except OSError:
+    if present is None:
         return []  # nothing to compare with: NCCL will say so itself
     matched = [n for n in present if any(n == w if exact else n.startswith(w) for w in wanted)]
     if not matched:
@@ -274,7 +306,10 @@ def nccl_findings(inventory: NodeInventory, env: Mapping[str, str],
                                 "no HCA with a port up in this container: NCCL uses TCP "
                                 "sockets", "request rdma/hca for this container and check "
                                 "the node with rdma-hca doctor --node", fatal=True))
-    findings.extend(_gid_findings(env, used))
+    netdevs = _netdevs_here(sysfs_root)
+    roce_netdevs = {n for _, p in used if p.link_layer is LinkLayer.ETHERNET for n in p.netdevs}
+    pod_network = netdevs is not None and bool(roce_netdevs) and not roce_netdevs & set(netdevs)
+    findings.extend(_gid_findings(env, used, pod_network))
     findings.extend(_ucx_findings(env.get("UCX_NET_DEVICES"), inventory.hcas))
-    findings.extend(_socket_findings(env.get("NCCL_SOCKET_IFNAME"), sysfs_root))
+    findings.extend(_socket_findings(env.get("NCCL_SOCKET_IFNAME"), netdevs))
     return findings
