@@ -54,7 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add the ``check`` subcommand; its ``func`` returns the exit status."""
     p = subparsers.add_parser(
         "check",
-        help="inside a workload: check device nodes, HCAs, memlock, IPC_LOCK and /dev/shm",
+        help="inside a workload: check device nodes, HCAs, memlock, IPC_LOCK and /dev/shm "
+        "(--nccl: and the NCCL/UCX variables)",
         description="Check, from inside a container that asked for rdma/hca, that RDMA can "
         "work here. Exit 0: all checks pass; 1: a check fails; 2: bad flags.",
     )
