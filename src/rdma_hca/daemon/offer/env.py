@@ -10,7 +10,8 @@ the same variables, computed here from the discovered records of exactly the HCA
 - with ``auto`` also: the GID NCCL should use on RoCE (``NCCL_IB_GID_INDEX`` when every
   RoCE port has the wanted GID at one index, else ``NCCL_IB_ADDR_FAMILY`` with
   ``NCCL_IB_ROCE_VERSION_NUM=2``; nothing for InfiniBand), ``UCX_NET_DEVICES``, and on the
-  host network ``NCCL_SOCKET_IFNAME`` (exact form) naming the HCAs' netdevs.
+  host network ``NCCL_SOCKET_IFNAME`` (exact form) naming the RoCE netdevs that hold an
+  IP address.
 
 The wanted address family: IPv6 for non-hostNetwork pods (their RDMA network is IPv6);
 on the host network IPv4 where every RoCE port has one, else IPv6 where every port has
@@ -27,7 +28,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rdma_hca.node.model import Hca, LinkLayer, Port
+from rdma_hca.node.model import GidKind, Hca, LinkLayer, Port
 from rdma_hca.node.roce import AddrFamily, family_gid
 from rdma_hca.settings.config import NcclEnv, Settings
 
@@ -40,6 +41,9 @@ NCCL_IB_ADDR_FAMILY = "NCCL_IB_ADDR_FAMILY"
 NCCL_IB_ROCE_VERSION_NUM = "NCCL_IB_ROCE_VERSION_NUM"
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 UCX_NET_DEVICES = "UCX_NET_DEVICES"
+
+
+_ROUTABLE = (GidKind.IPV4_MAPPED, GidKind.GLOBAL_IPV6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,11 @@ def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
     if not settings.non_host_network:
         # On the host network the HCAs' own netdevs carry NCCL's bootstrap and socket
         # traffic; off it the pod's eth0 is the right interface and NCCL finds it itself.
-        netdevs = list(dict.fromkeys(n for _, p in ports for n in p.netdevs))
+        # Only netdevs known to hold an IP address (a RoCE GID carries it): naming one
+        # without (an IPoIB netdev nobody configured) would leave NCCL no interface at all.
+        netdevs = list(dict.fromkeys(
+            g.netdev for _, p in ports if p.link_layer is LinkLayer.ETHERNET
+            for g in p.gids if g.netdev and g.kind in _ROUTABLE))
         if netdevs:
             variables.append((NCCL_SOCKET_IFNAME, "=" + ",".join(netdevs)))
     return ContainerEnv(tuple(variables), tuple(notes))
