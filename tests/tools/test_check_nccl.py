@@ -196,3 +196,13 @@ def test_no_hca_at_all_is_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert pod.run() == 1
     assert "✗ NCCL IB devices: no HCA with a port up in this container: NCCL uses TCP " \
         "sockets" in capsys.readouterr().out
+
+
+def test_a_family_nccl_does_not_read_is_fatal(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pod = roce_pod(tmp_path, sim.RoceHca("mlx5_0", ipv6="2001:db8::11"))
+    pod.env.update({"NCCL_IB_HCA": "=mlx5_0:1", "NCCL_IB_ADDR_FAMILY": "af_inet6"})
+    assert pod.run() == 1
+    assert "silently reads anything else as AF_INET" in capsys.readouterr().out
+    pod.env["NCCL_IB_ADDR_FAMILY"] = "AF_INET6"
+    assert pod.run() == 0

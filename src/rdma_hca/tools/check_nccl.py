@@ -152,10 +152,12 @@ def _hca_findings(raw: str | None, hcas: Sequence[Hca]) -> tuple[list[Finding],
 
 
 def _family(raw: str | None) -> AddrFamily | None:
-    if raw is None:
-        return AddrFamily.INET  # NCCL's default
+    """As NCCL reads it: unset or empty is AF_INET; only the exact names count (NCCL
+    silently takes anything else, " AF_INET6" or "af_inet6" too, as AF_INET)."""
+    if not raw:
+        return AddrFamily.INET
     for f in AddrFamily:
-        if raw.strip() == f.value:
+        if raw == f.value:
             return f
     return None
 
@@ -208,7 +210,8 @@ def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]],
     family = _family(raw_family)
     if family is None:
         return [Finding("NCCL_IB_ADDR_FAMILY", False,
-                        f"{raw_family!r}: NCCL reads AF_INET or AF_INET6", ENV_FIX, fatal=True)]
+                        f"{raw_family!r}: NCCL takes only AF_INET or AF_INET6, exactly, and "
+                        "silently reads anything else as AF_INET", ENV_FIX, fatal=True)]
     version = (env.get("NCCL_IB_ROCE_VERSION_NUM") or "2").strip()
     findings: list[Finding] = []
     if version != "2":
@@ -217,7 +220,7 @@ def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]],
                                 "set NCCL_IB_ROCE_VERSION_NUM=2 (or unset it: 2 is the "
                                 "default)", fatal=version != "1"))
         return findings
-    said = family.value + ("" if raw_family is not None else " (NCCL's default)")
+    said = family.value + ("" if raw_family else " (NCCL's default)")
     if pod_network and family is not AddrFamily.INET6:
         return [_pod_network_finding(roce, f"the GID family is {said}")]
     missing = [(h, p) for h, p in roce if family_gid(p, family) is None]
