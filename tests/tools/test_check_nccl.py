@@ -206,3 +206,11 @@ def test_a_family_nccl_does_not_read_is_fatal(tmp_path: Path,
     assert "silently reads anything else as AF_INET" in capsys.readouterr().out
     pod.env["NCCL_IB_ADDR_FAMILY"] = "AF_INET6"
     assert pod.run() == 0
+
+
+def test_an_empty_hca_list_is_no_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = roce_pod(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11"))
+    pod.env["NCCL_IB_HCA"] = ""
+    assert pod.run() == 0
+    assert "✓ NCCL_IB_HCA: not set: NCCL uses every HCA this container can open (mlx5_0:1)" \
+        in capsys.readouterr().out

@@ -86,7 +86,7 @@ def _hca_findings(raw: str | None, hcas: Sequence[Hca]) -> tuple[list[Finding],
                                                                   list[tuple[Hca, Port]]]:
     """Findings about NCCL_IB_HCA and the (HCA, port) pairs NCCL would use."""
     here = [h for h in hcas if _here(h)]
-    if raw is None:
+    if raw is None or not raw.strip():  # NCCL takes an empty list as no list
         used = [(h, p) for h in here for p in h.ports if p.is_up]
         finding = Finding("NCCL_IB_HCA", True,
                           "not set: NCCL uses every HCA this container can open ("
@@ -304,7 +304,7 @@ def nccl_findings(inventory: NodeInventory, env: Mapping[str, str],
                                 fatal=True))
     hca_findings, used = _hca_findings(env.get("NCCL_IB_HCA"), inventory.hcas)
     findings.extend(hca_findings)
-    if not used and env.get("NCCL_IB_HCA") is None:
+    if not used and not env.get("NCCL_IB_HCA", "").strip():
         findings.append(Finding("NCCL IB devices", False,
                                 "no HCA with a port up in this container: NCCL uses TCP "
                                 "sockets", "request rdma/hca for this container and check "
