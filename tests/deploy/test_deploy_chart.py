@@ -216,7 +216,7 @@ def test_default_config_content(render: RenderFn) -> None:
         "unhealthyWhen": "any",
         "selectors": {},
         "nonHostNetwork": False,
-        "ncclEnv": False,
+        "ncclEnv": "auto",
         "metricsAddress": ":9478",
         "logFormat": "text",
         "logLevel": "info",
@@ -239,6 +239,8 @@ def test_custom_values_reach_the_config(render: RenderFn, tmp_path: Path) -> Non
     assert cfg["unhealthyWhen"] == "all"
     assert cfg["nonHostNetwork"] is True
     assert cfg["ncclEnv"] is True
+    # A string stays a string in the config file: YAML would read a bare off as false.
+    assert config(render({"ncclEnv": "off"}))["ncclEnv"] == "off"
     assert (cfg["logFormat"], cfg["logLevel"]) == ("json", "debug")
     assert cfg["metricsAddress"] == ":9100"
     assert cfg["selectors"] == {

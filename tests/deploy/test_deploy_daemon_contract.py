@@ -10,7 +10,7 @@ import pytest
 from deploy_support import RenderFn
 
 from rdma_hca.cli import build_parser, settings_from_args
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.config import NcclEnv, Settings
 
 CONFIG_PATH = "/etc/rdma-hca/config.yaml"
 
@@ -71,7 +71,8 @@ def test_custom_values_load_into_the_daemon(render: RenderFn, tmp_path: Path,
     assert str(p.mode) == values.get("mode", "shared")
     assert str(p.unhealthy_when) == values.get("unhealthyWhen", "any")
     assert s.non_host_network is (values.get("nonHostNetwork.enabled") == "true")
-    assert s.nccl_env is (values.get("ncclEnv") == "true")
+    # true, the value earlier charts took, still means what it meant: NCCL_IB_HCA only.
+    assert s.nccl_env is (NcclEnv.HCA if values.get("ncclEnv") == "true" else NcclEnv.AUTO)
     assert str(s.log_format) == values.get("logFormat", "text")
     assert s.log_level == values.get("logLevel", "info")
     assert s.cdi.enabled is (values.get("cdi.enabled") == "true")

@@ -73,7 +73,7 @@ def test_check_job_runs_our_check_on_the_host_network() -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True
     (c,) = pod["containers"]
-    assert c["command"] == ["rdma-hca", "check"]
+    assert c["command"] == ["rdma-hca", "check", "--nccl"]
     assert c["resources"]["limits"]["rdma/hca"] == 1
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
     chart = yaml.safe_load(
@@ -81,6 +81,40 @@ def test_check_job_runs_our_check_on_the_host_network() -> None:
     app_version = yaml.safe_load(
         (REPO / "deploy/helm/ack-rdma-device-plugin/Chart.yaml").read_text())["appVersion"]
     assert c["image"] == f"{chart['image']['repository']}:{app_version}"
+
+
+JOBS = ("hps-benchmark-job.yaml", "hps-benchmark-job-non-hostnetwork.yaml",
+        "dra-hps-benchmark-job.yaml", "dra-gpu-and-hca-job.yaml")
+
+
+def _job(name: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / name).read_text()) if d]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    return job
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_example_jobs_run_the_nccl_check_first(name: str) -> None:
+    """An init container checks, with the pod's HCA, that NCCL would use RDMA before the
+    training starts: same HCA (resource or the claim's HCA request), IPC_LOCK, /dev/shm."""
+    pod = _job(name)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["rdma-hca", "check", "--nccl"]
+    assert "IPC_LOCK" in init["securityContext"]["capabilities"]["add"]
+    (main,) = pod["containers"]
+    if "claims" in main["resources"]:
+        (claim,) = main["resources"]["claims"]
+        (template,) = [d for d in yaml.safe_load_all((REPO / "examples" / name).read_text())
+                       if d and d["kind"] == "ResourceClaimTemplate"]
+        requests = {r["name"]: r for r in template["spec"]["spec"]["devices"]["requests"]}
+        (own,) = init["resources"]["claims"]
+        assert own["name"] == claim["name"]
+        assert requests[own["request"]]["exactly"]["deviceClassName"] == "rdma-hca.io"
+    else:
+        assert init["resources"]["limits"] == {"rdma/hca": main["resources"]["limits"][
+            "rdma/hca"]}
+    assert [m for m in init.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"] == [
+        m for m in main.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
 
 
 def test_check_job_gets_the_shm_the_check_asks_for() -> None:

@@ -124,10 +124,16 @@ def mismatches(setting: Setting, node: dict[str, Any], schema: dict[str, Any]) -
     # Every integer is a number: a number setting may say either.
     if kind is Kind.FLOAT and _types(node) == {"number", "integer"}:
         want = {"number", "integer"}
+    # An enum's older spellings true/false are YAML booleans in a values file.
+    old = {a for a, _ in setting.aliases}
+    booleans = {True, False} if {"true", "false"} <= old else set()
+    if booleans:
+        want = want | {"boolean"}
     if _types(node) != want:
         out.append(f"type {sorted(_types(node))}, declared {sorted(want)}")
-    if kind is Kind.ENUM and set(node.get("enum", ())) != set(setting.choices):
-        out.append(f"enum {node.get('enum')}, declared {list(setting.choices)}")
+    allowed = set(setting.choices) | (old - {"true", "false"}) | booleans
+    if kind is Kind.ENUM and set(node.get("enum", ())) != allowed:
+        out.append(f"enum {node.get('enum')}, declared {sorted(map(str, allowed))}")
     if kind in (Kind.INT, Kind.FLOAT):
         low = 0 if setting.zero_off else setting.minimum
         if node.get("minimum") != low or node.get("maximum") != setting.maximum:

@@ -24,6 +24,7 @@ from rdma_hca.daemon.findings import NodeFindings, evaluate_node
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.offer.cdi import SPEC_FILE, build_spec, write_spec
+from rdma_hca.daemon.offer.env import env_settings
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
@@ -77,7 +78,7 @@ class Daemon:
         self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
                               else read_deadline)
         self.runtimes = [
-            PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
+            PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
             for p in settings.pools
         ]
         self.allocations = AllocationStats()

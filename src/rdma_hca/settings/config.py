@@ -69,6 +69,7 @@ from rdma_hca.settings.model import (
     LogFormat,
     LogLevel,
     Mode,
+    NcclEnv,
     PoolConfig,
     Selectors,
     Settings,
@@ -99,6 +100,7 @@ __all__ = [
     "LogFormat",
     "LogLevel",
     "Mode",
+    "NcclEnv",
     "PoolConfig",
     "Scope",
     "Selectors",
@@ -276,8 +278,12 @@ def _float(v: _Value, key: str, s: Setting) -> float:
 def _enum(v: _Value, key: str, s: Setting) -> StrEnum:
     raw = v.value
     assert s.enum is not None, f"{s.key} is declared ENUM without its enum type"
-    if isinstance(raw, str) and raw in s.choices:
-        return s.enum(raw)
+    # An older spelling may be a YAML boolean (ncclEnv: true).
+    text = ("true" if raw else "false") if isinstance(raw, bool) and s.aliases else raw
+    if isinstance(text, str):
+        text = dict(s.aliases).get(text, text)
+        if text in s.choices:
+            return s.enum(text)
     allowed = allowed_text(s)
     if isinstance(raw, str) and raw.strip().lower() in s.choices:
         # Written as documented, exactly: `Shared` would read as a different value elsewhere.

@@ -35,6 +35,7 @@ from rdma_hca.settings.model import (
     LogFormat,
     LogLevel,
     Mode,
+    NcclEnv,
     UnhealthyWhen,
 )
 
@@ -78,6 +79,7 @@ class Setting:
     max_length: int | None = None  # for names
     absolute: bool = False  # a path that must be absolute
     enum: type[StrEnum] | None = None  # the type an ENUM setting's value has, whatever layer
+    aliases: tuple[tuple[str, str], ...] = ()  # older spellings of an enum's choices
 
     @property
     def in_file(self) -> bool:
@@ -146,7 +148,10 @@ SETTINGS: tuple[Setting, ...] = (
     # --- what Allocate hands out -------------------------------------------------------
     _s("nonHostNetwork", Kind.BOOL, False,
        "allow RDMA for non-hostNetwork pods (needs an IPv6 compute network)"),
-    _s("ncclEnv", Kind.BOOL, False, "Allocate also sets NCCL_IB_HCA to the allocated HCAs"),
+    _s("ncclEnv", Kind.ENUM, NcclEnv.AUTO.value,
+       "NCCL/UCX variables for the allocated HCAs (docs/nccl.md): auto: all derived from "
+       "the node; hca: NCCL_IB_HCA only; off: none (true and false still mean hca and off)",
+       enum=NcclEnv, aliases=(("true", "hca"), ("false", "off"))),
     _s("cdi.enabled", Kind.BOOL, False,
        "Allocate returns CDI device names; the daemon writes its CDI spec"),
     _s("cdi.specDir", Kind.PATH, "/var/run/cdi", "where the CDI spec is written",

@@ -50,6 +50,18 @@ class UnhealthyWhen(StrEnum):
     ALL = "all"
 
 
+class NcclEnv(StrEnum):
+    """What NCCL/UCX variables a container gets for its HCAs (docs/nccl.md).
+
+    ``auto``: every variable derived from the node; ``hca``: only NCCL_IB_HCA (what
+    ``true`` meant before the other variables existed); ``off``: none of them.
+    """
+
+    AUTO = "auto"
+    HCA = "hca"
+    OFF = "off"
+
+
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
@@ -158,7 +170,7 @@ class Settings:
     pools: tuple[PoolConfig, ...] = (PoolConfig(),)
     device_plugin_enabled: bool = True
     non_host_network: bool = False
-    nccl_env: bool = False
+    nccl_env: NcclEnv = NcclEnv.AUTO
     health_poll_seconds: float = DEFAULT_HEALTH_POLL_SECONDS
     resend_seconds: float = DEFAULT_RESEND_SECONDS
     read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SECONDS

@@ -5,11 +5,16 @@ the HCAs named in ``RDMA_HCA_DEVICES`` (set by the plugin's Allocate), the memlo
 ``CAP_IPC_LOCK`` and the size of ``/dev/shm``. Each of these, when wrong, makes verbs or
 NCCL fail later with an error that does not name the cause; here each gets a fix.
 
+With ``--nccl`` it also checks the NCCL/UCX variables the container has against what
+it sees (``tools/check_nccl.py``): a finding that would keep NCCL off RDMA (TCP sockets,
+a GID that connects nothing) fails the check; the others are printed with their fix.
+
 Reading sysfs is bounded by a deadline (``--read-deadline``, 5 s): a file that does not
 answer fails the check of the HCA it belongs to and is named.
 
-Exit status: 0 when every check passes, 1 when one fails (a file that did not answer, or
-discovery that ran out of a resource, is a failed check), 2 on bad flags.
+Exit status: 0 when every check passes (advisory NCCL findings aside), 1 when one fails
+(a file that did not answer, or discovery that ran out of a resource, is a failed
+check), 2 on bad flags.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from rdma_hca.node.model import Hca
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
 from rdma_hca.tools.arguments import mounted_dir
+from rdma_hca.tools.check_nccl import Finding, nccl_findings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary
 from rdma_hca.tools.doctor.result import Check, parse_command
@@ -49,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add the ``check`` subcommand; its ``func`` returns the exit status."""
     p = subparsers.add_parser(
         "check",
-        help="inside a workload: check device nodes, HCAs, memlock, IPC_LOCK and /dev/shm",
+        help="inside a workload: check device nodes, HCAs, memlock, IPC_LOCK and /dev/shm "
+        "(--nccl: and the NCCL/UCX variables)",
         description="Check, from inside a container that asked for rdma/hca, that RDMA can "
         "work here. Exit 0: all checks pass; 1: a check fails; 2: bad flags.",
     )
@@ -58,6 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
     p.add_argument("--dev-root", default="/dev", help="where device nodes live")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--nccl", action="store_true",
+                   help="also check the NCCL/UCX variables: the HCAs and ports they name, the "
+                   "RoCE GID they select; exit 1 when NCCL would not use RDMA")
     add_flags(p, [BY_KEY["readDeadlineSeconds"]])
     p.set_defaults(func=run)
 
@@ -65,20 +75,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
+    environ = os.environ if env is None else env
     checks = run_checks(
         proc_root=Path(args.proc_root),
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
-        env=os.environ if env is None else env,
+        env=environ,
         deadline=read_deadline(args),
     )
     ok = all(c.ok for c in checks)
+    advisory: list[str] = []
+    if args.nccl:
+        findings = nccl_checks(Path(args.sysfs_root), Path(args.dev_root), environ,
+                               deadline=read_deadline(args))
+        ok = ok and not any(f.fatal and not f.ok for f in findings)
+        advisory = [f.name for f in findings if not f.ok and not f.fatal]
+        checks.extend(Check(SUBJECT, f.name, f.ok, f.detail, f.fix) for f in findings)
     if args.json:
-        doc = clean_json({"ok": ok, "checks": checks_json(checks)})
+        doc = clean_json({"ok": ok, "checks": checks_json(checks), "advisory": advisory})
         stream.write(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     else:
-        stream.write(printable_lines(checks_text(checks) + "\n\n" + summary(checks)) + "\n")
+        tail = summary(checks)
+        if ok and advisory:
+            tail += (f" ({len(advisory)} advisory: NCCL still uses RDMA, exit 0)")
+        stream.write(printable_lines(checks_text(checks) + "\n\n" + tail) + "\n")
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def nccl_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
+                deadline: float = DEFAULT_DEADLINE) -> list[Finding]:
+    """The NCCL/UCX findings, from the same bounded discovery as the HCA checks."""
+    try:
+        inv = discover_bounded(sysfs_root, dev_root, deadline=deadline)
+    except DiscoveryFailed as exc:
+        return [Finding("NCCL HCA discovery", False, str(exc),
+                        "raise the container's limits and run the check again", fatal=True)]
+    return nccl_findings(inv, env, sysfs_root)
 
 
 def run_checks(

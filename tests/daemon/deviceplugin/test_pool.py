@@ -15,8 +15,11 @@ from rdma_hca.daemon.deviceplugin.pool import (
     select,
     shared_ids,
 )
+from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, NodeInventory, Port
-from rdma_hca.settings.config import Mode, PoolConfig, Selectors, UnhealthyWhen
+from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig, Selectors, UnhealthyWhen
+
+HCA_ONLY = EnvSettings(nccl=NcclEnv.HCA)
 
 RDMA_CM = CharDevice("rdma_cm", "/dev/infiniband/rdma_cm", True)
 
@@ -131,8 +134,8 @@ def test_infiniband_ports_add_umad_roce_ports_do_not() -> None:
 
 
 def test_nccl_env_is_an_exact_list() -> None:
-    view = select(PoolConfig(), inv(hca("mlx5_1", 0), hca("mlx5_10", 1)), nccl_env=True)
-    assert dict(view.allocate(["hca-0000"]).envs)["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
+    view = select(PoolConfig(), inv(hca("mlx5_1", 0), hca("mlx5_10", 1)), env=HCA_ONLY)
+    assert dict(view.allocate(["hca-0000"]).envs)["NCCL_IB_HCA"] == "=mlx5_1:1,mlx5_10:1"
 
 
 def test_unknown_ids_are_named() -> None:
@@ -256,12 +259,12 @@ def test_preferred_allocation_is_linear_in_its_input(mode: Mode) -> None:
 
 
 def test_allocation_is_a_plain_record_with_topology() -> None:
-    view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*gpu_hcas()), nccl_env=True)
+    view = select(PoolConfig(mode=Mode.EXCLUSIVE), inv(*gpu_hcas()), env=HCA_ONLY)
     ids = exclusive_ids(view.hcas)
     a = view.allocate([ids["mlx5_1"], ids["mlx5_5"]])
     assert a.hcas == ("mlx5_1", "mlx5_5")
     assert dict(a.envs) == {"RDMA_HCA_DEVICES": "mlx5_1,mlx5_5",
-                            "NCCL_IB_HCA": "=mlx5_1,mlx5_5"}
+                            "NCCL_IB_HCA": "=mlx5_1:1,mlx5_5:1"}
     assert a.numa_nodes == (0, 1)
     assert a.mounts == () and a.cdi_devices == ()
     assert hash(a) == hash(view.allocate([ids["mlx5_1"], ids["mlx5_5"]]))

@@ -16,10 +16,12 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import Stalled
+from rdma_hca.settings.config import NcclEnv
 
 
 def _result(device: str, request: str = "hca", pool: str = NODE,
@@ -70,13 +72,25 @@ async def test_prepare_answers_cdi_ids_after_writing_the_spec(
 
 async def test_nccl_env_is_set_like_allocate(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
-    async with DraStage(dra_node, tmp_path / "s", api=api, nccl_env=True) as s:
+    async with DraStage(dra_node, tmp_path / "s", api=api,
+                        env=EnvSettings(nccl=NcclEnv.AUTO)) as s:
         assert s.kubelet is not None and await s.registered()
         uid = api.add_claim("ns", "c", [_result("mlx5-1"), _result("mlx5-bond-0")])
         resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
         assert resp.claims[uid].error == ""
         env = _spec(s, uid)["devices"][1]["containerEdits"]["env"]
-        assert env == ["RDMA_HCA_DEVICES=mlx5_1,mlx5_bond_0", "NCCL_IB_HCA==mlx5_1,mlx5_bond_0"]
+        # Both ports carry their IPv4 RoCE v2 GID at index 3: one index fits every NCCL.
+        assert env == ["RDMA_HCA_DEVICES=mlx5_1,mlx5_bond_0",
+                       "NCCL_IB_HCA==mlx5_1:1,mlx5_bond_0:1", "NCCL_IB_GID_INDEX=3",
+                       "UCX_NET_DEVICES=mlx5_1:1,mlx5_bond_0:1",
+                       "NCCL_SOCKET_IFNAME==eth1,bond0"]
+        # A claim for the one HCA beside a GPU gets exactly that HCA in its env.
+        one = api.add_claim("ns", "one", [_result("mlx5-2")])
+        resp = await s.kubelet.prepare(DRIVER, [("ns", one, "one")])
+        assert resp.claims[one].error == ""
+        env = _spec(s, one)["devices"][0]["containerEdits"]["env"]
+        assert "NCCL_IB_HCA==mlx5_2:1" in env and "UCX_NET_DEVICES=mlx5_2:1" in env
+        assert "RDMA_HCA_DEVICES=mlx5_2" in env
 
 
 async def test_prepare_and_unprepare_are_idempotent(stage: DraStage) -> None:

@@ -157,7 +157,7 @@ selectors:
 selectors: {}
 {{- end }}
 nonHostNetwork: {{ .Values.nonHostNetwork.enabled }}
-ncclEnv: {{ .Values.ncclEnv }}
+ncclEnv: {{ .Values.ncclEnv | toJson }}
 metricsAddress: {{ ternary (include "rdma.metricsAddress" .) "" .Values.metrics.enabled | quote }}
 logFormat: {{ .Values.logFormat }}
 logLevel: {{ .Values.logLevel }}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from rdma_hca.daemon.deviceplugin.bounds import shorten_ids
 from rdma_hca.daemon.offer.cdi import qualified_name
+from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings, container_env
 from rdma_hca.daemon.offer.health import hca_healthy, rdma_cm_ok
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
@@ -82,7 +83,7 @@ class PoolView:
     config: PoolConfig
     hcas: tuple[Hca, ...]  # every selected HCA, usable or not
     rdma_cm: CharDevice | None
-    nccl_env: bool = False
+    env: EnvSettings = NO_NCCL_ENV
     cdi: bool = False
     # HCAs this pool held earlier and that are gone now (driver unload, hot-unplug):
     # their last known records. They count as down until they come back.
@@ -181,10 +182,7 @@ class PoolView:
 
     def _build_answer(self, hcas: Sequence[Hca]) -> Allocation:
         names = tuple(h.name for h in hcas)
-        envs = [("RDMA_HCA_DEVICES", ",".join(names))]
-        if self.nccl_env and names:
-            # "=" makes NCCL match names exactly, so mlx5_1 never also selects mlx5_10.
-            envs.append(("NCCL_IB_HCA", "=" + ",".join(names)))
+        envs = list(container_env(hcas, self.env).items())
         numa = tuple(sorted({h.numa_node for h in hcas if h.numa_node is not None}))
         if self.cdi:
             return Allocation(names, tuple(envs), numa_nodes=numa,
@@ -268,11 +266,10 @@ def _single_numa(hcas: Sequence[Hca]) -> tuple[int, ...]:
     return ()
 
 
-def select(config: PoolConfig, inventory: NodeInventory, *, nccl_env: bool = False,
+def select(config: PoolConfig, inventory: NodeInventory, *, env: EnvSettings = NO_NCCL_ENV,
            cdi: bool = False, missing: Sequence[Hca] = ()) -> PoolView:
     hcas = tuple(h for h in inventory.hcas if config.selectors.matches(h))
-    return PoolView(config, hcas, inventory.rdma_cm, nccl_env=nccl_env, cdi=cdi,
-                    missing=tuple(missing))
+    return PoolView(config, hcas, inventory.rdma_cm, env=env, cdi=cdi, missing=tuple(missing))
 
 
 def shared_ids(count: int) -> list[str]:

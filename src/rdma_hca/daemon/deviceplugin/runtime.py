@@ -17,6 +17,7 @@ from dataclasses import fields
 
 from rdma_hca.daemon.deviceplugin.pool import NO_MATCH, PoolView, select
 from rdma_hca.daemon.deviceplugin.state import DeviceState
+from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.settings.config import PoolConfig, Selectors
 
@@ -24,11 +25,12 @@ log = logging.getLogger(__name__)
 
 
 class PoolRuntime:
-    def __init__(self, config: PoolConfig, *, nccl_env: bool = False, cdi: bool = False) -> None:
+    def __init__(self, config: PoolConfig, *, env: EnvSettings = NO_NCCL_ENV,
+                 cdi: bool = False) -> None:
         self.config = config
-        self.nccl_env = nccl_env
+        self.env = env
         self.cdi = cdi
-        self.view = PoolView(config, (), None, nccl_env=nccl_env, cdi=cdi)
+        self.view = PoolView(config, (), None, env=env, cdi=cdi)
         self.state = DeviceState(self.view.devices())
         self._problems: tuple[str, ...] | None = None
         self._hca_names: tuple[str, ...] | None = None
@@ -51,11 +53,10 @@ class PoolRuntime:
 
     async def update(self, inventory: NodeInventory) -> bool:
         """Take a new inventory; return True when the advertised list changed."""
-        view = select(self.config, inventory, nccl_env=self.nccl_env, cdi=self.cdi)
+        view = select(self.config, inventory, env=self.env, cdi=self.cdi)
         missing = self._missing(view.hcas)
         if missing:
-            view = select(self.config, inventory, nccl_env=self.nccl_env, cdi=self.cdi,
-                          missing=missing)
+            view = select(self.config, inventory, env=self.env, cdi=self.cdi, missing=missing)
         self.view = view
         self._log_changes(inventory)
         return await self.state.update(self.view.devices())

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings, env_settings
 from rdma_hca.settings.config import Mode, Selectors
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ class DriverConfig:
     """Where the container runtime reads CDI specs; one file per prepared claim."""
     mode: Mode = Mode.SHARED
     """Shared: every device may be allocated to several claims at once; exclusive: not."""
-    nccl_env: bool = False
-    """Also set NCCL_IB_HCA in prepared containers, as the device plugin's Allocate does."""
+    env: EnvSettings = NO_NCCL_ENV
+    """What env prepared containers get besides RDMA_HCA_DEVICES (``daemon/offer/env.py``)."""
     checkpoint_path: str = ""
     """Prepared claims survive restarts here; empty: ``<plugins_dir>/<driver>/checkpoint.json``."""
     read_deadline: float = 10.0
@@ -59,7 +60,7 @@ class DriverConfig:
             "plugins_registry_dir": settings.plugins_registry_dir,
             "plugins_dir": settings.plugins_dir,
             "cdi_spec_dir": settings.cdi.spec_dir,
-            "nccl_env": settings.nccl_env,
+            "env": env_settings(settings),
             "read_deadline": settings.read_deadline_seconds,
             "selectors": settings.dra.selectors,
         }

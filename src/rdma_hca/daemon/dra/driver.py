@@ -34,6 +34,7 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
+from rdma_hca.daemon.offer.env import container_env
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
@@ -389,7 +390,7 @@ class DraDriver:
 
     async def _write_spec(self, uid: str, devices: Mapping[str, Hca]) -> None:
         spec = files.claim_spec(self.config.driver_name, uid, devices, self.rdma_cm,
-                                self.config.nccl_env)
+                                container_env(tuple(devices.values()), self.config.env))
         await self._io(files.write_claim_spec, self.config.cdi_spec_dir,
                        self.config.driver_name, uid, spec)
 

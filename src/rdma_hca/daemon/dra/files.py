@@ -49,17 +49,13 @@ def _node(dev: CharDevice) -> dict[str, str]:
 
 
 def claim_spec(driver: str, claim_uid: str, devices: Mapping[str, Hca],
-               rdma_cm: CharDevice | None, nccl_env: bool) -> dict[str, Any]:
+               rdma_cm: CharDevice | None, container_env: Mapping[str, str]) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated HCA.
 
-    Every device carries the claim's whole HCA list in its env, the same variables the
-    device plugin's Allocate sets, so a container gets one consistent value.
+    Every device carries the claim's whole env (``daemon/offer/env.py``, built from the
+    claim's own HCAs), so a container gets one consistent value.
     """
-    names = [h.name for h in devices.values()]
-    env = ["RDMA_HCA_DEVICES=" + ",".join(names)]
-    if nccl_env and names:
-        # "=" makes NCCL match names exactly, so mlx5_1 never also selects mlx5_10.
-        env.append("NCCL_IB_HCA==" + ",".join(names))
+    env = [f"{k}={v}" for k, v in container_env.items()]
     spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(driver),

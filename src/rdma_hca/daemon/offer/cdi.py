@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from rdma_hca.daemon.offer.env import NO_NCCL_ENV
+from rdma_hca.daemon.offer.env import build as build_env
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
@@ -57,7 +59,7 @@ def build_spec(hcas: Iterable[Hca], rdma_cm: CharDevice | None) -> dict[str, Any
         "name": ALL_DEVICE,
         "containerEdits": {
             "deviceNodes": [_node(d) for h in usable for d in h.device_nodes()],
-            "env": ["RDMA_HCA_DEVICES=" + ",".join(h.name for h in usable)],
+            "env": [f"{k}={v}" for k, v in build_env(usable, NO_NCCL_ENV).variables],
         },
     })
     spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_VENDOR_CLASS,

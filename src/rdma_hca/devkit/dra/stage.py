@@ -18,6 +18,7 @@ from typing import Any
 
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
@@ -30,7 +31,7 @@ from rdma_hca.settings.config import Mode
 class DraStage:
     def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
-                 nccl_env: bool = False, health_retry: float = 0.2,
+                 env: EnvSettings | None = None, health_retry: float = 0.2,
                  kubelet_wipes: bool = True, poll_seconds: float = 0.05,
                  config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
         self.node = node
@@ -42,7 +43,7 @@ class DraStage:
         self.root = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
         self.cdi_dir = workdir / "cdi"
         self._mode = mode
-        self._nccl_env = nccl_env
+        self._env = env or EnvSettings()
         self._tune = config
         self._health_retry = health_retry
         self._kubelet_wipes = kubelet_wipes
@@ -61,7 +62,7 @@ class DraStage:
             plugins_dir=f"{self.root}/plugins",
             cdi_spec_dir=str(self.cdi_dir),
             mode=self._mode,
-            nccl_env=self._nccl_env,
+            env=self._env,
             checkpoint_path=str(self.workdir / "checkpoint.json"),
             kubeconfig=str(kubeconfig),
             socket_check_seconds=0.05,

@@ -9,6 +9,8 @@ re-exported here so one import reaches every kind.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
@@ -26,6 +28,7 @@ __all__ = [
     "GpuSpec",
     "HcaSpec",
     "PortSpec",
+    "RoceHca",
     "SimNode",
     "broken_nodes",
     "build_node",
@@ -36,6 +39,7 @@ __all__ = [
     "mlx4_infiniband_node",
     "mlx5_roce_bond_node",
     "no_rdma_node",
+    "roce_node",
     "soft_roce_node",
 ]
 
@@ -152,6 +156,47 @@ def gpu_node(
     for gpu in gpus:
         node.add_gpu(gpu)
     return node
+
+
+@dataclass(frozen=True)
+class RoceHca:
+    """One single-port RoCE HCA of :func:`roce_node`: its addresses and state.
+
+    ``ipv6_first`` puts the IPv6 GIDs before the IPv4 ones (the address configured
+    first gets the lower index), so the same family sits at different indices on
+    different HCAs; ``bond_slaves`` makes it a bonded HCA over those netdevs.
+    """
+
+    name: str
+    ipv4: str | None = None
+    ipv6: str | None = None
+    up: bool = True
+    ipv6_first: bool = False
+    netdev: str | None = None
+    bond_slaves: tuple[str, ...] = ()
+
+
+def roce_node(root: Path, hcas: Sequence[RoceHca]) -> SimNode:
+    """RoCE v2 HCAs laid out as given, each on a PCIe root of its own (pci0000:N0) with
+    netdev ``eth<i>`` unless named: the GID tables NCCL's choice depends on (IPv4 only,
+    IPv6 only, both at different indices, a down port, mlx5_1 beside mlx5_10)."""
+    specs = []
+    for i, h in enumerate(hcas):
+        bus = 0x10 * (i + 1)
+        specs.append(HcaSpec(
+            name=h.name,
+            pci_address=f"0000:{bus + 1:02x}:00.0",
+            pcie_root=f"pci0000:{bus:02x}",
+            bridges=(f"0000:{bus:02x}:01.0",),
+            device="0x1021",
+            numa_node=0,
+            node_guid=_guid(0xB8599F0300D50000 + 0x100 * i),
+            ports=(PortSpec(netdev=h.netdev or f"eth{i}", ipv4=h.ipv4, ipv6=h.ipv6, up=h.up,
+                            ipv6_first=h.ipv6_first, gid_table_size=16),),
+            uverbs_index=i,
+            bond_slaves=h.bond_slaves,
+        ))
+    return build_node(root, specs)
 
 
 def infiniband_node(root: Path) -> SimNode:

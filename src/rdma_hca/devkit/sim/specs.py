@@ -34,9 +34,10 @@ class PortSpec:
 
     ``netdev`` is the netdev the RoCE GIDs belong to (for InfiniBand: the IPoIB netdev
     listed under the PCI device). ``ipv4``/``ipv6`` add RoCE v1 and v2 GIDs for that
-    address; ``gid_table_size`` counts every entry, the zero ones too. ``unused_gid`` is
-    what unused entries hold instead of zeros (mlx4 on InfiniBand writes the subnet
-    prefix with a zero interface ID there).
+    address (``ipv6_first``: the IPv6 address was configured first, so its GIDs come
+    before the IPv4 ones); ``gid_table_size`` counts every entry, the zero ones too.
+    ``unused_gid`` is what unused entries hold instead of zeros (mlx4 on InfiniBand
+    writes the subnet prefix with a zero interface ID there).
     """
 
     link_layer: str = "Ethernet"
@@ -50,6 +51,7 @@ class PortSpec:
     lid: int = 0
     sm_lid: int = 0
     unused_gid: str | None = None
+    ipv6_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -263,12 +263,13 @@ class SimNode(PciTree):
             return [(gid_line(ipaddress.IPv6Address(gid)), ROCE_V1)]
         if port.netdev is None:
             return []
-        addrs = [link_local(spec.node_guid, number)]
+        ips: list[ipaddress.IPv6Address] = []
         if port.ipv4 is not None:
             v4 = ipaddress.IPv4Address(port.ipv4)
-            addrs.append(ipaddress.IPv6Address(b"\x00" * 10 + b"\xff\xff" + v4.packed))
+            ips.append(ipaddress.IPv6Address(b"\x00" * 10 + b"\xff\xff" + v4.packed))
         if port.ipv6 is not None:
-            addrs.append(ipaddress.IPv6Address(port.ipv6))
+            ips.insert(0 if port.ipv6_first else len(ips), ipaddress.IPv6Address(port.ipv6))
+        addrs = [link_local(spec.node_guid, number), *ips]
         # mlx5 fills the table v1, v2 per address, lowest free index first.
         return [(gid_line(a), t) for a in addrs for t in (ROCE_V1, ROCE_V2)]
 

@@ -1,0 +1,163 @@
+"""The environment a container gets for its HCAs: one builder for both front ends.
+
+The device plugin's Allocate and the DRA driver's per-claim CDI spec both hand a container
+the same variables, computed here from the discovered records of exactly the HCAs it got:
+
+- ``RDMA_HCA_DEVICES``: the HCA names, always (``rdma-hca check`` reads it);
+- with ``ncclEnv`` ``hca`` or ``auto``: ``NCCL_IB_HCA`` in NCCL's exact-match form
+  (``=mlx5_0:1,mlx5_3:1``: without ``=`` NCCL matches prefixes, so ``mlx5_1`` would also
+  take ``mlx5_10``), listing only ports that are up;
+- with ``auto`` also: the GID NCCL should use on RoCE (``NCCL_IB_GID_INDEX`` when every
+  RoCE port has the wanted GID at one index, else ``NCCL_IB_ADDR_FAMILY`` with
+  ``NCCL_IB_ROCE_VERSION_NUM=2``; nothing for InfiniBand), ``UCX_NET_DEVICES``, and on the
+  host network ``NCCL_SOCKET_IFNAME`` (exact form) naming the RoCE netdevs that hold an
+  IP address.
+
+The wanted address family: IPv6 for non-hostNetwork pods (their RDMA network is IPv6);
+on the host network IPv4 where every RoCE port has one, else IPv6 where every port has
+that. Where no family covers every port, no GID variable is set (a guess would be right
+on one node and wrong on the next) and a note says why: the front ends log it once.
+
+Pure computation: records and settings in, variables out. docs/nccl.md explains each
+variable and how a pod overrides them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rdma_hca.node.model import GidKind, Hca, LinkLayer, Port
+from rdma_hca.node.roce import AddrFamily, family_gid
+from rdma_hca.settings.config import NcclEnv, Settings
+
+log = logging.getLogger(__name__)
+
+RDMA_HCA_DEVICES = "RDMA_HCA_DEVICES"
+NCCL_IB_HCA = "NCCL_IB_HCA"
+NCCL_IB_GID_INDEX = "NCCL_IB_GID_INDEX"
+NCCL_IB_ADDR_FAMILY = "NCCL_IB_ADDR_FAMILY"
+NCCL_IB_ROCE_VERSION_NUM = "NCCL_IB_ROCE_VERSION_NUM"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+UCX_NET_DEVICES = "UCX_NET_DEVICES"
+
+# GIDs that carry an IP address another node can reach.
+_ROUTABLE = (GidKind.IPV4_MAPPED, GidKind.GLOBAL_IPV6)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSettings:
+    """The settings the env depends on. ``non_host_network`` is the daemon's switch: on,
+    pods are expected off the host network (their own eth0, an IPv6 RDMA network)."""
+
+    nccl: NcclEnv = NcclEnv.OFF
+    non_host_network: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEnv:
+    """The variables, in a stable order, and why some were left out (one line each)."""
+
+    variables: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.variables)
+
+
+def _up_ports(hcas: Sequence[Hca]) -> list[tuple[Hca, Port]]:
+    return [(h, p) for h in hcas for p in h.ports if p.is_up]
+
+
+def _port_name(hca: Hca, port: Port) -> str:
+    return f"{hca.name}:{port.number}"
+
+
+def _gid_variables(ports: Sequence[tuple[Hca, Port]],
+                   settings: EnvSettings) -> tuple[list[tuple[str, str]], list[str]]:
+    roce = [(h, p) for h, p in ports if p.link_layer is LinkLayer.ETHERNET]
+    if not roce:
+        return [], []  # InfiniBand (or nothing up): NCCL needs no GID choice
+    if settings.non_host_network:
+        families = [AddrFamily.INET6]
+    else:
+        families = [AddrFamily.INET, AddrFamily.INET6]
+    for family in families:
+        gids = [family_gid(p, family) for _, p in roce]
+        if all(g is not None for g in gids):
+            indices = {g.index for g in gids if g is not None}
+            # One index fits every version of NCCL (before 2.21 there is no automatic
+            # choice); it is only safe when every port is RoCE: NCCL applies it to all.
+            if len(indices) == 1 and len(roce) == len(ports):
+                return [(NCCL_IB_GID_INDEX, str(indices.pop()))], []
+            return [(NCCL_IB_ADDR_FAMILY, family.value), (NCCL_IB_ROCE_VERSION_NUM, "2")], []
+    wanted = families[0]
+    missing = [_port_name(h, p) for h, p in roce if family_gid(p, wanted) is None]
+    if settings.non_host_network:
+        why = (f"no RoCE v2 GID with a global IPv6 address on {', '.join(missing)}: "
+               "non-hostNetwork pods need one (an IPv6 compute network); "
+               f"{NCCL_IB_ADDR_FAMILY} and {NCCL_IB_GID_INDEX} are not set")
+    else:
+        why = (f"no address family has a RoCE v2 GID on every allocated port (no IPv4 GID "
+               f"on {', '.join(missing)}, and not IPv6 on all either); "
+               f"{NCCL_IB_ADDR_FAMILY} and {NCCL_IB_GID_INDEX} are not set")
+    return [], [why]
+
+
+def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
+    """The variables a container gets for ``hcas`` (the ones it was allocated)."""
+    names = [h.name for h in hcas]
+    variables: list[tuple[str, str]] = [(RDMA_HCA_DEVICES, ",".join(names))]
+    notes: list[str] = []
+    if settings.nccl is NcclEnv.OFF or not hcas:
+        return ContainerEnv(tuple(variables))
+    ports = _up_ports(hcas)
+    if not ports:
+        notes.append(f"no port is up on {', '.join(names)}: {NCCL_IB_HCA} is not set")
+        return ContainerEnv(tuple(variables), tuple(notes))
+    listed = ",".join(_port_name(h, p) for h, p in ports)
+    variables.append((NCCL_IB_HCA, "=" + listed))
+    if settings.nccl is NcclEnv.HCA:
+        return ContainerEnv(tuple(variables), tuple(notes))
+    gid_vars, gid_notes = _gid_variables(ports, settings)
+    variables.extend(gid_vars)
+    notes.extend(gid_notes)
+    variables.append((UCX_NET_DEVICES, listed))
+    if not settings.non_host_network:
+        # On the host network the HCAs' own netdevs carry NCCL's bootstrap and socket
+        # traffic; off it the pod's eth0 is the right interface and NCCL finds it itself.
+        # Only netdevs known to hold an IP address (a RoCE GID carries it): naming one
+        # without (an IPoIB netdev nobody configured) would leave NCCL no interface at all.
+        netdevs = list(dict.fromkeys(
+            g.netdev for _, p in ports if p.link_layer is LinkLayer.ETHERNET
+            for g in p.gids if g.netdev and g.kind in _ROUTABLE))
+        if netdevs:
+            variables.append((NCCL_SOCKET_IFNAME, "=" + ",".join(netdevs)))
+    return ContainerEnv(tuple(variables), tuple(notes))
+
+
+# Notes already logged: a note repeats on every Allocate of the same HCAs.
+_SAID: set[str] = set()
+_SAID_MAX = 1024
+
+
+def container_env(hcas: Sequence[Hca], settings: EnvSettings) -> dict[str, str]:
+    """:func:`build`, with each note logged once per process."""
+    env = build(hcas, settings)
+    for note in env.notes:
+        if note not in _SAID:
+            if len(_SAID) >= _SAID_MAX:
+                _SAID.clear()
+            _SAID.add(note)
+            log.warning("container env: %s", note)
+    return env.as_dict()
+
+
+def env_settings(settings: Settings) -> EnvSettings:
+    """The part of the daemon's settings the env depends on."""
+    return EnvSettings(nccl=settings.nccl_env, non_host_network=settings.non_host_network)
+
+
+# Only RDMA_HCA_DEVICES: what a record built without settings (tests, tools) hands out.
+NO_NCCL_ENV = EnvSettings()
