@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -30,11 +29,15 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from rdma_hca.daemon.dra.files import PreparedDevice
+from rdma_hca.daemon.dra.claims import ClaimRef, PrepareResult
+from rdma_hca.kit.aio import wait_event
 
-log = logging.getLogger("rdma_hca.dra.service")
+log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
+# What each device's health message asks the kubelet to wait for the next one (its own
+# default is 30 s too); the streams resend well within it.
+HEALTH_CHECK_TIMEOUT = 30
 # Most recent first: the kubelet takes the first entry it knows.
 SUPPORTED_SERVICES = (
     "v1.DRAPlugin",
@@ -43,19 +46,6 @@ SUPPORTED_SERVICES = (
     "v1beta1.DRAResourceHealth",
     "v1alpha1.DRAResourceHealth",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
 
 
 class Preparer(Protocol):
@@ -140,8 +130,9 @@ class HealthBoard:
         self.health: dict[str, bool] = {}
         self.updated: dict[str, int] = {}
         self.version = 0
-        self._changed = asyncio.Condition()
+        self._next = asyncio.Event()  # set, and replaced, at every change
         self.streams = 0
+        self.resends = 0  # messages sent again without a change
 
     async def set(self, health: Mapping[str, bool]) -> bool:
         if dict(health) == self.health:
@@ -152,32 +143,39 @@ class HealthBoard:
                 self.updated[name] = now
         self.health = dict(health)
         self.updated = {n: t for n, t in self.updated.items() if n in self.health}
-        async with self._changed:
-            self.version += 1
-            self._changed.notify_all()
+        self.version += 1
+        changed, self._next = self._next, asyncio.Event()
+        changed.set()
         return True
 
-    async def follow(self) -> AsyncIterator[dict[str, bool]]:
-        """The current health at once, then after every change, until cancelled."""
+    async def follow(self, resend: float | None = None) -> AsyncIterator[dict[str, bool]]:
+        """The current health at once, then after every change, until cancelled.
+
+        With ``resend``, the same health again when nothing changed for that long: the
+        kubelet marks a device Unknown when it hears nothing of it within its
+        health-check timeout.
+        """
         seen = -1
         self.streams += 1
         try:
             while True:
-                async with self._changed:
-                    await self._changed.wait_for(lambda s=seen: self.version != s)  # type: ignore[misc]
-                    seen = self.version
-                    snapshot = dict(self.health)
-                yield snapshot
+                if self.version == seen:
+                    changed = await wait_event(self._next, resend)
+                    if not changed:
+                        self.resends += 1
+                seen = self.version
+                yield dict(self.health)
         finally:
             self.streams -= 1
 
 
 class _HealthServiceBase:
     pb2: ModuleType
-    details = True  # v1alpha1 has no message field
+    details = True  # v1alpha1 has no message or timeout field
 
-    def __init__(self, board: HealthBoard) -> None:
+    def __init__(self, board: HealthBoard, resend: float) -> None:
         self.board = board
+        self.resend = resend
 
     def _response(self, health: Mapping[str, bool]) -> Any:
         pb2 = self.pb2
@@ -187,12 +185,14 @@ class _HealthServiceBase:
                 device=pb2.DeviceIdentifier(pool_name=self.board.pool, device_name=name),
                 health=pb2.HEALTHY if ok else pb2.UNHEALTHY,
                 last_updated_time=self.board.updated.get(name, int(time.time())))
-            if self.details and not ok:
-                d.message = "no port of this HCA is up, or its device node is missing"
+            if self.details:
+                d.health_check_timeout_seconds = HEALTH_CHECK_TIMEOUT
+                if not ok:
+                    d.message = "no port of this HCA is up, or its device node is missing"
         return resp
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        async for health in self.board.follow():
+        async for health in self.board.follow(self.resend):
             yield self._response(health)
 
 
@@ -211,14 +211,16 @@ class HealthServiceV1alpha1(_HealthServiceBase,
     details = False
 
 
-def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard) -> None:
+def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard,
+                     resend: float) -> None:
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
-    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthServiceV1(board), server)
+    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        HealthServiceV1(board, resend), server)
     health_v1beta1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1beta1(board), server)
+        HealthServiceV1beta1(board, resend), server)
     health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1alpha1(board), server)
+        HealthServiceV1alpha1(board, resend), server)
 
 
 def add_registration_service(server: grpc.aio.Server, service: RegistrationService) -> None:

@@ -1,0 +1,186 @@
+"""Which claims are prepared, kept on disk across restarts and shared between instances.
+
+The file is versioned and carries a checksum of its claims, so a file cut short or
+edited by hand is told from a good one; version 1 (no checksum) is read and written
+back as the current version. Two instances of the driver run side by side during a
+rolling update: both write this one file, always as read-modify-write under a lock
+(``fcntl`` record locks on ``claims.lock``), so neither loses the other's claims.
+The same lock file holds one lock per claim, so a claim is prepared or unprepared by
+one instance at a time. Everything here blocks: the driver calls it off the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+
+from rdma_hca.kit.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 2
+_FILE_LOCK = 0  # byte 0 of the lock file: the checkpoint itself; claims lock bytes 1..2^48
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    hca: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...] = field(default=())
+
+
+Claims = dict[str, PreparedClaim]
+
+
+class CheckpointError(ValueError):
+    """The checkpoint file exists but cannot be read as one."""
+
+
+def _claims_json(claims: Mapping[str, PreparedClaim]) -> dict[str, object]:
+    return {uid: asdict(c) for uid, c in sorted(claims.items())}
+
+
+def checksum(claims_json: object) -> str:
+    canonical = json.dumps(claims_json, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> str:
+    body = _claims_json(claims)
+    return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum(body),
+                       "claims": body}, indent=1, sort_keys=True) + "\n"
+
+
+def decode(text: str, path: str) -> tuple[Claims, int]:
+    """The claims in ``text`` and the version they were written in."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version not in (1, CHECKPOINT_VERSION):
+        raise CheckpointError(f"{path} is not a checkpoint of version 1 or "
+                              f"{CHECKPOINT_VERSION} (version {version!r})")
+    assert isinstance(raw, dict)
+    body = raw.get("claims", {})
+    if version == CHECKPOINT_VERSION and raw.get("checksum") != checksum(body):
+        raise CheckpointError(f"{path} does not match its checksum (cut short or edited)")
+    try:
+        claims = {
+            str(uid): PreparedClaim(
+                str(c["namespace"]), str(c["name"]),
+                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
+                                     d["hca"], tuple(d["cdi_ids"])) for d in c["devices"]))
+            for uid, c in body.items()
+        }
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path} has a malformed claim entry: {exc}") from exc
+    return claims, int(version)
+
+
+def load_checkpoint(path: str) -> tuple[Claims, int]:
+    """The claims on disk and their version; no file: none, of the current version."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}, CHECKPOINT_VERSION
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
+    return decode(text, path)
+
+
+def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:
+    write_atomic(path, encode(claims), mode=0o600)
+
+
+def claim_offset(uid: str) -> int:
+    """The byte of the lock file that stands for one claim (never the checkpoint's byte)."""
+    return 1 + int.from_bytes(hashlib.sha256(uid.encode()).digest()[:6], "big")
+
+
+class Checkpoint:
+    """The checkpoint file and its lock file; each method blocks (run it off the loop).
+
+    ``fcntl`` record locks belong to the process, so threads of one process do not
+    exclude each other through them: updates also take a lock of this process, and the
+    driver never works on one claim twice at a time. The lock file stays open for the
+    driver's lifetime, since closing any descriptor of it would drop all our locks.
+    """
+
+    def __init__(self, path: str, lock_path: str) -> None:
+        self.path = path
+        self.lock_path = lock_path
+        self._fd: int | None = None
+        self._local = threading.Lock()
+
+    def open(self) -> None:
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.lock_path) or ".", exist_ok=True)
+            self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _lock_fd(self) -> int:
+        self.open()
+        assert self._fd is not None
+        return self._fd
+
+    def try_lock_claim(self, uid: str) -> bool:
+        """Take the claim's lock unless another process holds it; True when taken."""
+        try:
+            fcntl.lockf(self._lock_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, claim_offset(uid))
+        except (BlockingIOError, PermissionError):
+            return False
+        return True
+
+    def unlock_claim(self, uid: str) -> None:
+        if self._fd is not None:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, claim_offset(uid))
+
+    def read(self) -> tuple[Claims, int]:
+        return load_checkpoint(self.path)
+
+    def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim]
+               ) -> Claims:
+        """Read the file under the lock, apply ``change``, write it back; the new claims.
+
+        What another instance wrote since we last looked is kept. A file that cannot be
+        read is replaced by ``fallback`` (what this instance knows) with the change.
+        """
+        with self._local:
+            fd = self._lock_fd()
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, _FILE_LOCK)
+            try:
+                try:
+                    claims, _ = load_checkpoint(self.path)
+                except CheckpointError as exc:
+                    log.warning("%s; writing it anew from the claims this instance knows", exc)
+                    claims = dict(fallback)
+                before = dict(claims)
+                change(claims)
+                if claims != before:
+                    save_checkpoint(self.path, claims)
+                return claims
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _FILE_LOCK)
