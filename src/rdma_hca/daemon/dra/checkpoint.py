@@ -161,12 +161,13 @@ class Checkpoint:
     def read(self) -> tuple[Claims, int]:
         return load_checkpoint(self.path)
 
-    def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim]
-               ) -> Claims:
+    def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
+               *, force: bool = False) -> Claims:
         """Read the file under the lock, apply ``change``, write it back; the new claims.
 
         What another instance wrote since we last looked is kept. A file that cannot be
-        read is replaced by ``fallback`` (what this instance knows) with the change.
+        read is replaced by ``fallback`` (what this instance knows) with the change. The
+        file is written only when the claims changed, unless ``force`` (a migration).
         """
         with self._local:
             fd = self._lock_fd()
@@ -179,7 +180,7 @@ class Checkpoint:
                     claims = dict(fallback)
                 before = dict(claims)
                 change(claims)
-                if claims != before:
+                if force or claims != before:
                     save_checkpoint(self.path, claims)
                 return claims
             finally:

@@ -203,7 +203,7 @@ class ClaimKeeper:
                 on_disk.setdefault(uid, c)
 
         return await self._run(f"writing the checkpoint {self.config.checkpoint}",
-                               lambda: self.checkpoint.update(merge, claims))
+                               lambda: self.checkpoint.update(merge, claims, force=True))
 
     async def close(self) -> None:
         hooks = list(self._hooks.values())

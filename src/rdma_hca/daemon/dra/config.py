@@ -103,7 +103,7 @@ class DriverConfig:
     @property
     def lock_path(self) -> str:
         """Shared by every instance on the node: claims are serialized across them."""
-        return os.path.join(os.path.dirname(self.checkpoint), LOCK_FILE)
+        return os.path.join(self.plugin_dir, LOCK_FILE)
 
     @property
     def pool_name(self) -> str:
