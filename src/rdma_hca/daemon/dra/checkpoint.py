@@ -4,9 +4,12 @@ The file is versioned and carries a checksum of its claims, so a file cut short 
 edited by hand is told from a good one; version 1 (no checksum) is read and written
 back as the current version. Two instances of the driver run side by side during a
 rolling update: both write this one file, always as read-modify-write under a lock
-(``fcntl`` record locks on ``claims.lock``), so neither loses the other's claims.
-The same lock file holds one lock per claim, so a claim is prepared or unprepared by
-one instance at a time. Everything here blocks: the driver calls it off the loop.
+(an open-file-description record lock on ``claims.lock``), so neither loses the
+other's claims. The same lock file holds one lock per claim, so a claim is prepared or
+unprepared by one instance at a time. Open-file-description locks (not the classic
+per-process ``lockf``) belong to the descriptor: they exclude two instances even
+within one process, and closing some other descriptor of the file drops none of them.
+Everything here blocks: the driver calls it off the loop.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -110,6 +114,20 @@ def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:
     write_atomic(path, encode(claims), mode=0o600)
 
 
+# struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock), padding.
+_FLOCK = "hhqqi4x"
+
+
+def _ofd_lock(fd: int, kind: int, offset: int, wait: bool) -> bool:
+    """Lock (or, with F_UNLCK, unlock) one byte; False when it is held elsewhere."""
+    op = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+    try:
+        fcntl.fcntl(fd, op, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0))
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
+
+
 def claim_offset(uid: str) -> int:
     """The byte of the lock file that stands for one claim (never the checkpoint's byte)."""
     return 1 + int.from_bytes(hashlib.sha256(uid.encode()).digest()[:6], "big")
@@ -118,10 +136,9 @@ def claim_offset(uid: str) -> int:
 class Checkpoint:
     """The checkpoint file and its lock file; each method blocks (run it off the loop).
 
-    ``fcntl`` record locks belong to the process, so threads of one process do not
-    exclude each other through them: updates also take a lock of this process, and the
-    driver never works on one claim twice at a time. The lock file stays open for the
-    driver's lifetime, since closing any descriptor of it would drop all our locks.
+    Threads of one instance share its descriptor, so its locks do not exclude them from
+    each other: updates also take a lock of this instance, and the driver never works
+    on one claim twice at a time.
     """
 
     def __init__(self, path: str, lock_path: str) -> None:
@@ -147,16 +164,12 @@ class Checkpoint:
         return self._fd
 
     def try_lock_claim(self, uid: str) -> bool:
-        """Take the claim's lock unless another process holds it; True when taken."""
-        try:
-            fcntl.lockf(self._lock_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, claim_offset(uid))
-        except (BlockingIOError, PermissionError):
-            return False
-        return True
+        """Take the claim's lock unless another instance holds it; True when taken."""
+        return _ofd_lock(self._lock_fd(), fcntl.F_WRLCK, claim_offset(uid), wait=False)
 
     def unlock_claim(self, uid: str) -> None:
         if self._fd is not None:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, claim_offset(uid))
+            _ofd_lock(self._fd, fcntl.F_UNLCK, claim_offset(uid), wait=False)
 
     def read(self) -> tuple[Claims, int]:
         return load_checkpoint(self.path)
@@ -171,7 +184,7 @@ class Checkpoint:
         """
         with self._local:
             fd = self._lock_fd()
-            fcntl.lockf(fd, fcntl.LOCK_EX, 1, _FILE_LOCK)
+            _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK, wait=True)
             try:
                 try:
                     claims, _ = load_checkpoint(self.path)
@@ -184,4 +197,4 @@ class Checkpoint:
                     save_checkpoint(self.path, claims)
                 return claims
             finally:
-                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _FILE_LOCK)
+                _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK, wait=False)

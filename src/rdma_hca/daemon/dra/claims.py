@@ -142,6 +142,7 @@ class ClaimKeeper:
         self.on_unprepared = on_unprepared
         self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
         self.hook_failures = 0
+        self.lock_waits = 0  # times a claim's lock was held by another instance
         self._io = io
         self._verified: set[str] = set()  # claims whose spec this process wrote or saw
         self._locks: dict[str, asyncio.Lock] = {}
@@ -249,6 +250,7 @@ class ClaimKeeper:
         delay = LOCK_RETRY_FIRST
         while not await self._run(f"locking claim {uid}",
                                   lambda: self.checkpoint.try_lock_claim(uid)):
+            self.lock_waits += 1
             if loop.time() >= deadline:
                 raise ClaimError(f"another instance of the driver has been working on this "
                                  f"claim for {self.config.read_deadline:g} s (its lock in "
