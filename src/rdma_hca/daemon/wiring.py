@@ -159,6 +159,7 @@ class Daemon:
                 registrations=self.dra.registrations,
                 prepared_claims=len(self.dra.prepared),
                 publish_error=self.dra.publish_error,
+                published=self.dra.published_since_start,
             ),
         )
 
@@ -251,8 +252,10 @@ class Daemon:
             await server.start()
             self.http = server
             await self.health.refresh_counters()
-        await self.lifecycle.start()
-        self.supervisor.watch(self.lifecycle.tasks)
+        if self.runtimes:
+            # DRA alone has no device-plugins directory to wait for.
+            await self.lifecycle.start()
+            self.supervisor.watch(self.lifecycle.tasks)
         if self.dra is not None:
             await self.dra.start(inventory)
             self.supervisor.watch(self.dra.tasks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 10.0
 STOP_WAIT = 1.0
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -67,6 +69,29 @@ def check_config(config: DriverConfig) -> None:
         if socket_path_problem(path) is not None:
             raise DraConfigError(f"socket path {path} is too long for a unix socket "
                                  "(107 bytes at most): use a shorter kubelet root directory")
+
+
+def credentials_tried(kubeconfig: str | None) -> str:
+    """Where the API client looked for credentials, and what it found there (blocks)."""
+    if kubeconfig:
+        return f"the kubeconfig file {kubeconfig}" + (
+            "" if os.path.exists(kubeconfig) else " (missing)")
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        incluster = "the in-cluster service account (KUBERNETES_SERVICE_HOST is not set)"
+    else:
+        incluster = "the in-cluster service account (" + (
+            f"{SERVICE_ACCOUNT_TOKEN} is missing" if not os.path.exists(SERVICE_ACCOUNT_TOKEN)
+            else f"{SERVICE_ACCOUNT_TOKEN}") + ")"
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        files = f"KUBECONFIG={env}" + ("" if all(os.path.exists(p) for p in env.split(":"))
+                                       else " (missing)")
+    else:
+        home = os.path.expanduser("~/.kube/config")
+        files = f"{home} (KUBECONFIG is not set" + (
+            ")" if os.path.exists(home) else "; the file is missing)")
+    return f"{incluster}, then {files}"
 
 
 class DraDriver:
@@ -117,9 +142,13 @@ class DraDriver:
         return self.sockets.registrations
 
     @property
+    def published_since_start(self) -> bool:
+        return self.slice_published or self.publish_passes > 0
+
+    @property
     def ready(self) -> bool:
         """Registered with the kubelet, and a slice published since start."""
-        return self.registered and (self.slice_published or self.publish_passes > 0)
+        return self.registered and self.published_since_start
 
     @property
     def file_stalls(self) -> int:
@@ -141,9 +170,21 @@ class DraDriver:
     async def start(self, inventory: NodeInventory | None = None) -> None:
         check_config(self.config)
         self._stopping = False
-        await self.claims.load()
         if self._api is None:
-            self._api = await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline)
+            try:
+                self._api = await SliceApi.connect(self.config.kubeconfig,
+                                                   self.config.read_deadline)
+            except KubeApiError as exc:
+                tried = await self._files.run("looking for API server credentials",
+                                              lambda: credentials_tried(self.config.kubeconfig))
+                cause = exc.__cause__ or exc
+                raise DraConfigError(
+                    f"the DRA driver found no usable API server credentials: tried {tried} "
+                    f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                    f"); run it in a pod with its service account token mounted (the chart "
+                    f"does when dra.enabled is true), or set KUBECONFIG to a kubeconfig "
+                    f"file") from None
+        await self.claims.load()
         self.claims.api = self._api
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
                                         self.config.node_name, self.config.pool_name)
