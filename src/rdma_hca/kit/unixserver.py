@@ -4,7 +4,9 @@ Both front ends serve the kubelet this way. Any local user who can connect to on
 these sockets could allocate devices, so the socket is created 0600 whatever the
 process umask, its path is checked against the kernel's limit before bind (which would
 otherwise fail with a message naming no path), and gRPC refuses requests larger than
-the caller's limit before decoding them.
+the caller's limit before decoding them. A request that does not decode reaches the
+handler as :class:`Malformed` (``lenient``), so the servicer answers it with one line of
+its own instead of gRPC logging a traceback for it.
 """
 
 from __future__ import annotations
@@ -14,15 +16,89 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 # sun_path holds 108 bytes with the terminating NUL.
 UNIX_PATH_MAX = 107
+
+
+M = TypeVar("M", bound=Message)
+
+
+class Malformed(Generic[M]):
+    """A request body that does not decode as the message its method expects."""
+
+    def __init__(self, kind: type[M], size: int, error: str) -> None:
+        self.kind = kind
+        self.size = size
+        self.error = error[:200]
+
+    def describe(self) -> str:
+        return (f"the request ({self.size} bytes) is not a valid "
+                f"{self.kind.DESCRIPTOR.full_name} message: {self.error}")
+
+
+def lenient(kind: type[M]) -> Callable[[bytes], M | Malformed[M]]:
+    """A deserializer that hands undecodable bytes to the handler instead of raising.
+
+    gRPC logs a deserializer's exception as an ERROR with a traceback; the handler
+    answers a Malformed request itself, with one WARNING.
+    """
+
+    def parse(data: bytes) -> M | Malformed[M]:
+        try:
+            return kind.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return Malformed(kind, len(data), str(exc))
+
+    return parse
+
+
+def lenient_service(service: str, methods: Mapping[str, tuple[Callable[..., object],
+                    type[Message], type[Message], bool]]) -> grpc.GenericRpcHandler[Any, Any]:
+    """A service's handlers with lenient request parsing.
+
+    ``methods``: name -> (handler, request type, response type, server streaming).
+    """
+    handlers = {}
+    for name, (handler, request, response, streaming) in methods.items():
+        make = (grpc.unary_stream_rpc_method_handler if streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[name] = make(handler, request_deserializer=lenient(request),
+                              response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(service, handlers)
+
+
+class Throttle:
+    """At most one line per key and interval, so a flood of bad requests is a few lines.
+
+    ``allow(key)`` answers None while the key is quiet, otherwise how many lines were
+    held back since the last one it allowed.
+    """
+
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def allow(self, key: str) -> int | None:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        return self._held.pop(key, 0)
 
 
 def socket_path_problem(path: str) -> str | None:

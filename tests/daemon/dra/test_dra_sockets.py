@@ -165,3 +165,23 @@ async def test_one_claim_is_prepared_by_one_instance_at_a_time(
             hold.set()
             api.on_request = None
             await b.stop()
+
+
+async def test_a_request_that_does_not_decode_or_is_too_big_is_refused_in_a_line(
+        stage: DraStage, caplog: pytest.LogCaptureFixture) -> None:
+    assert stage.driver is not None
+    method = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    with caplog.at_level(logging.DEBUG):
+        async with grpc.aio.insecure_channel("unix://" + stage.driver.config.endpoint) as ch:
+            call = ch.unary_unary(method)
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await call(b"\x0a\xff\xff\xff\xff", timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as big:
+                await call(b"\x0a" + b"\x80\x80\x80\x01" + b"x" * (2 * 1024 * 1024), timeout=5)
+    assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not a valid k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest" in \
+        str(bad.value.details())
+    assert big.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    lines = [r for r in caplog.records if "NodePrepareResources refused" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback from gRPC

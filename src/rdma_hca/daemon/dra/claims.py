@@ -119,7 +119,9 @@ def parse_claim(obj: object) -> Claim:
     return Claim(namespace, name, uid, tuple(devices))
 
 
-class ApiClient(Protocol):
+class ClaimReader(Protocol):
+    """The part of the driver's ``ApiClient`` that claims use."""
+
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
 
 
@@ -134,7 +136,7 @@ class ClaimKeeper:
                  on_prepared: PreparedHook | None = None,
                  on_unprepared: UnpreparedHook | None = None) -> None:
         self.config = config
-        self.api: ApiClient | None = None
+        self.api: ClaimReader | None = None
         self.hcas: Mapping[str, Hca] = {}  # device name -> HCA, of the current offer
         self.rdma_cm: CharDevice | None = None
         self.prepared: Claims = {}

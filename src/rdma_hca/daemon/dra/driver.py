@@ -15,11 +15,12 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from rdma_hca.daemon.dra.checkpoint import PreparedClaim
 from rdma_hca.daemon.dra.claims import (
     ClaimKeeper,
+    ClaimReader,
     ClaimRef,
     PreparedHook,
     PrepareResult,
@@ -50,8 +51,7 @@ class DraConfigError(ValueError):
     """The driver cannot run with this configuration; the message says how to fix it."""
 
 
-class ApiClient(SliceClient, Protocol):
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+class ApiClient(SliceClient, ClaimReader, Protocol):
     async def close(self) -> None: ...
 
 

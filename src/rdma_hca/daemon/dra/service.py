@@ -1,7 +1,9 @@
 """The gRPC services the kubelet calls: registration, DRAPlugin (v1, v1beta1), health.
 
 Servicers only translate between protobuf and the driver's plain records; the work is
-the driver's (``Preparer``), so both DRA versions share one implementation.
+the driver's (``Preparer``), so both DRA versions share one implementation. Requests are
+parsed leniently (the kit's server helper): one that does not decode is refused with
+INVALID_ARGUMENT and one throttled line, never a gRPC traceback.
 """
 
 from __future__ import annotations
@@ -17,20 +19,15 @@ import grpc
 
 from rdma_hca.daemon._proto.dra import (
     dra_v1_pb2,
-    dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
     health_v1_pb2,
-    health_v1_pb2_grpc,
     health_v1alpha1_pb2,
-    health_v1alpha1_pb2_grpc,
     health_v1beta1_pb2,
-    health_v1beta1_pb2_grpc,
     pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
 )
 from rdma_hca.daemon.dra.claims import ClaimRef, PrepareResult
 from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.unixserver import Malformed, Throttle, lenient_service
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +53,25 @@ class Preparer(Protocol):
 # --- registration ------------------------------------------------------------------------
 
 
-class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
+_THROTTLE = Throttle()
+
+
+async def _check(context: Any, method: str, request: object) -> None:
+    """Refuse a request that did not decode: INVALID_ARGUMENT, and a line now and then."""
+    if isinstance(request, Malformed):
+        message = request.describe()
+        held = _THROTTLE.allow(method)
+        if held is not None:
+            more = f" ({held} more refused since the last such line)" if held else ""
+            log.warning("%s refused: %s%s", method, message, more)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _service_name(pb2: ModuleType, name: str) -> str:
+    return str(pb2.DESCRIPTOR.services_by_name[name].full_name)
+
+
+class RegistrationService:
     def __init__(self, driver: str, endpoint: str,
                  on_status: Callable[[bool, str], Awaitable[None]]) -> None:
         self.info = pluginregistration_v1_pb2.PluginInfo(
@@ -66,6 +81,7 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
 
     async def GetInfo(self, request: pluginregistration_v1_pb2.InfoRequest,
                       context: Any) -> pluginregistration_v1_pb2.PluginInfo:
+        await _check(context, "GetInfo", request)
         # The kubelet's connection monitor calls this every 10 s too: it is not a
         # registration, only NotifyRegistrationStatus is.
         return self.info
@@ -73,6 +89,7 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
     async def NotifyRegistrationStatus(
         self, request: pluginregistration_v1_pb2.RegistrationStatus, context: Any,
     ) -> pluginregistration_v1_pb2.RegistrationStatusResponse:
+        await _check(context, "NotifyRegistrationStatus", request)
         await self.on_status(request.plugin_registered, request.error)
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
@@ -91,6 +108,7 @@ class _DraServiceBase:
         self.preparer = preparer
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        await _check(context, "NodePrepareResources", request)
         results = await self.preparer.prepare(_claims(request))
         resp = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
@@ -104,6 +122,7 @@ class _DraServiceBase:
         return resp
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        await _check(context, "NodeUnprepareResources", request)
         errors = await self.preparer.unprepare(_claims(request))
         resp = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
@@ -111,11 +130,22 @@ class _DraServiceBase:
         return resp
 
 
-class DraServiceV1(_DraServiceBase, dra_v1_pb2_grpc.DRAPluginServicer):
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        pb2 = self.pb2
+        return lenient_service(_service_name(pb2, "DRAPlugin"), {
+            "NodePrepareResources": (self.NodePrepareResources, pb2.NodePrepareResourcesRequest,
+                                     pb2.NodePrepareResourcesResponse, False),
+            "NodeUnprepareResources": (self.NodeUnprepareResources,
+                                       pb2.NodeUnprepareResourcesRequest,
+                                       pb2.NodeUnprepareResourcesResponse, False),
+        })
+
+
+class DraServiceV1(_DraServiceBase):
     pb2 = dra_v1_pb2
 
 
-class DraServiceV1beta1(_DraServiceBase, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+class DraServiceV1beta1(_DraServiceBase):
     pb2 = dra_v1beta1_pb2
 
 
@@ -192,36 +222,43 @@ class _HealthServiceBase:
         return resp
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        await _check(context, "NodeWatchResources", request)
         async for health in self.board.follow(self.resend):
             yield self._response(health)
 
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        pb2 = self.pb2
+        return lenient_service(_service_name(pb2, "DRAResourceHealth"), {
+            "NodeWatchResources": (self.NodeWatchResources, pb2.NodeWatchResourcesRequest,
+                                   pb2.NodeWatchResourcesResponse, True),
+        })
 
-class HealthServiceV1(_HealthServiceBase, health_v1_pb2_grpc.DRAResourceHealthServicer):
+
+class HealthServiceV1(_HealthServiceBase):
     pb2 = health_v1_pb2
 
 
-class HealthServiceV1beta1(_HealthServiceBase,
-                           health_v1beta1_pb2_grpc.DRAResourceHealthServicer):
+class HealthServiceV1beta1(_HealthServiceBase):
     pb2 = health_v1beta1_pb2
 
 
-class HealthServiceV1alpha1(_HealthServiceBase,
-                            health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+class HealthServiceV1alpha1(_HealthServiceBase):
     pb2 = health_v1alpha1_pb2
     details = False
 
 
 def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard,
                      resend: float) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
-    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1(board, resend), server)
-    health_v1beta1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1beta1(board, resend), server)
-    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1alpha1(board, resend), server)
+    server.add_generic_rpc_handlers((
+        DraServiceV1(preparer).handler(), DraServiceV1beta1(preparer).handler(),
+        HealthServiceV1(board, resend).handler(), HealthServiceV1beta1(board, resend).handler(),
+        HealthServiceV1alpha1(board, resend).handler()))
 
 
 def add_registration_service(server: grpc.aio.Server, service: RegistrationService) -> None:
-    pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)
+    pb2 = pluginregistration_v1_pb2
+    server.add_generic_rpc_handlers((lenient_service(_service_name(pb2, "Registration"), {
+        "GetInfo": (service.GetInfo, pb2.InfoRequest, pb2.PluginInfo, False),
+        "NotifyRegistrationStatus": (service.NotifyRegistrationStatus, pb2.RegistrationStatus,
+                                     pb2.RegistrationStatusResponse, False),
+    }),))
