@@ -185,3 +185,26 @@ async def test_a_request_that_does_not_decode_or_is_too_big_is_refused_in_a_line
     lines = [r for r in caplog.records if "NodePrepareResources refused" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     assert not [r for r in caplog.records if r.exc_info]  # no traceback from gRPC
+
+
+async def test_when_the_new_instance_goes_first_the_kubelet_goes_back_to_the_old(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    """A rollout that fails: the new pod goes, the old one still serves, nothing is lost."""
+    async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
+        assert s.kubelet is not None and s.driver is not None and await s.registered()
+        new = await _second_instance(s, "pod-new")
+        try:
+            assert await s.registered(2)
+            uid = api.add_claim("ns", "c", [_result("mlx5-3")])
+            assert (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid].error == ""
+        finally:
+            await new.stop()
+        assert await s.until(lambda: s.kubelet is not None and s.kubelet.events.fallbacks
+                             == [DRIVER])
+        assert s.kubelet.plugins[DRIVER].endpoint == s.driver.config.endpoint
+        assert os.path.exists(s.driver.config.endpoint)
+        gets = _claim_gets(api)
+        # The old instance reads the claim the new one prepared from the shared checkpoint.
+        again = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
+        assert again.claims[uid].error == "" and _claim_gets(api) == gets
+        assert s.devices()  # the kubelet wiped nothing
