@@ -208,3 +208,28 @@ async def test_when_the_new_instance_goes_first_the_kubelet_goes_back_to_the_old
         again = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
         assert again.claims[uid].error == "" and _claim_gets(api) == gets
         assert s.devices()  # the kubelet wiped nothing
+
+
+async def test_a_claim_the_other_instance_unprepared_is_not_answered_from_memory(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
+        assert s.kubelet is not None and s.driver is not None and await s.registered()
+        old = s.driver
+        uid = api.add_claim("ns", "c", [_result("mlx5-1")])
+        assert (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid].error == ""
+        spec = s.cdi_dir / f"{DRIVER}-claim-{uid}.json"
+        new = await _second_instance(s, "pod-new")
+        try:
+            assert await s.registered(2)
+            seen = old.claims.foreign_writes
+            assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid].error \
+                == ""  # by the new instance
+            assert not spec.exists()
+            assert await s.until(lambda: old.claims.foreign_writes > seen)
+        finally:
+            await new.stop()
+        assert await s.until(lambda: s.kubelet is not None and s.kubelet.events.fallbacks
+                             == [DRIVER])
+        resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # the old one, again
+        assert resp.claims[uid].error == ""
+        assert spec.exists()  # prepared anew, not answered from what it once knew

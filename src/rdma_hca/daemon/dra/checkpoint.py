@@ -146,6 +146,7 @@ class Checkpoint:
         self.lock_path = lock_path
         self._fd: int | None = None
         self._local = threading.Lock()
+        self.written: int | None = None  # the inode of the file this instance wrote last
 
     def open(self) -> None:
         if self._fd is None:
@@ -174,6 +175,13 @@ class Checkpoint:
     def read(self) -> tuple[Claims, int]:
         return load_checkpoint(self.path)
 
+    def written_by_another(self) -> bool:
+        """The file is not the one this instance wrote last (every write is a rename)."""
+        try:
+            return os.stat(self.path).st_ino != self.written
+        except FileNotFoundError:
+            return self.written is not None
+
     def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
                *, force: bool = False) -> Claims:
         """Read the file under the lock, apply ``change``, write it back; the new claims.
@@ -195,6 +203,7 @@ class Checkpoint:
                 change(claims)
                 if force or claims != before:
                     save_checkpoint(self.path, claims)
+                    self.written = os.stat(self.path).st_ino
                 return claims
             finally:
                 _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK, wait=False)

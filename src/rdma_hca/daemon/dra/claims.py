@@ -4,9 +4,10 @@ Claims are independent, so nothing here is global: a call's claims are worked on
 concurrently, each claim under a lock of its own (an asyncio lock in this process, a
 record lock in ``claims.lock`` against another instance of the driver), and in
 exclusive mode each device under one too. A claim this instance prepared answers at
-once, with no lock, file or API call. Whatever a Prepare writes is undone when it
-fails: a claim is prepared when both its CDI spec and its checkpoint entry are on
-disk, or neither is.
+once, with no lock, file or API call (during a rolling update, until the other
+instance writes the checkpoint: then each claim is looked up there again). Whatever a
+Prepare writes is undone when it fails: a claim is prepared when both its CDI spec and
+its checkpoint entry are on disk, or neither is.
 
 The API server's ResourceClaim is parsed into a :class:`Claim` at the edge; nothing
 past :func:`parse_claim` looks at the dict.
@@ -32,6 +33,8 @@ from rdma_hca.daemon.dra.checkpoint import (
     PreparedDevice,
 )
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.kit.aio import cancel_all
+from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import CharDevice, Hca
@@ -152,6 +155,8 @@ class ClaimKeeper:
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._hooks: dict[str, asyncio.Task[None]] = {}
         self._hook_said: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.foreign_writes = 0  # checkpoint writes by another instance seen
 
     @property
     def _rolling(self) -> bool:
@@ -208,7 +213,35 @@ class ClaimKeeper:
         return await self._run(f"writing the checkpoint {self.config.checkpoint}",
                                lambda: self.checkpoint.update(merge, claims, force=True))
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks)
+
+    def start(self) -> None:
+        """With another instance possible, follow its writes of the checkpoint."""
+        if self._rolling:
+            self._tasks = [asyncio.create_task(self._follow_checkpoint(),
+                                               name="dra-checkpoint-watch")]
+
+    async def _follow_checkpoint(self) -> None:
+        path = self.config.checkpoint
+        name = os.path.basename(path)
+        async for event in watch_dir(os.path.dirname(path)):
+            if not (event.watching or event.gone or event.name == name):
+                continue
+            try:
+                foreign = await self._run(f"looking at {path}",
+                                          self.checkpoint.written_by_another)
+            except Exception:  # a stuck disk: trust nothing from memory
+                foreign = True
+            if foreign:
+                # What this instance prepared may have been unprepared by the other one.
+                self.foreign_writes += 1
+                self._verified.clear()
+
     async def close(self) -> None:
+        await cancel_all(self._tasks)
+        self._tasks = []
         hooks = list(self._hooks.values())
         for t in hooks:
             t.cancel()

@@ -158,7 +158,7 @@ class DraDriver:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """The driver's running tasks, for the daemon's supervisor."""
-        return [*self._tasks, *self.sockets.tasks]
+        return [*self._tasks, *self.sockets.tasks, *self.claims.tasks]
 
     @property
     def idle(self) -> bool:
@@ -185,6 +185,7 @@ class DraDriver:
                     f"does when dra.enabled is true), or set KUBECONFIG to a kubeconfig "
                     f"file") from None
         await self.claims.load()
+        self.claims.start()
         self.claims.api = self._api
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
                                         self.config.node_name, self.config.pool_name)
