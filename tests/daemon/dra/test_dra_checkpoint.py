@@ -86,7 +86,8 @@ def test_todays_format_is_read_and_the_new_one_checks_itself() -> None:
     assert decode(v1, "cp") == (claims, 1)
     text = encode(claims)
     assert decode(text, "cp") == (claims, CHECKPOINT_VERSION)
-    edited = text.replace('"name": "c"', '"name": "d"')
+    edited = text.replace('"name":"c"', '"name":"d"')
+    assert edited != text
     with pytest.raises(CheckpointError, match="checksum"):
         decode(edited, "cp")
     with pytest.raises(CheckpointError, match="version"):

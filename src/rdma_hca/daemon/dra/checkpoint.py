@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from rdma_hca.kit.files import write_atomic
 
@@ -56,19 +56,26 @@ class CheckpointError(ValueError):
     """The checkpoint file exists but cannot be read as one."""
 
 
-def _claims_json(claims: Mapping[str, PreparedClaim]) -> dict[str, object]:
-    return {uid: asdict(c) for uid, c in sorted(claims.items())}
+def _claim_json(c: PreparedClaim) -> dict[str, object]:
+    return {"namespace": c.namespace, "name": c.name, "devices": [
+        {"request_names": list(d.request_names), "pool": d.pool, "device": d.device,
+         "hca": d.hca, "cdi_ids": list(d.cdi_ids)} for d in c.devices]}
+
+
+def _canonical(claims_json: object) -> str:
+    return json.dumps(claims_json, sort_keys=True, separators=(",", ":"))
 
 
 def checksum(claims_json: object) -> str:
-    canonical = json.dumps(claims_json, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(_canonical(claims_json).encode()).hexdigest()
 
 
 def encode(claims: Mapping[str, PreparedClaim]) -> str:
-    body = _claims_json(claims)
-    return json.dumps({"version": CHECKPOINT_VERSION, "checksum": checksum(body),
-                       "claims": body}, indent=1, sort_keys=True) + "\n"
+    """The file: the claims in canonical JSON, and the checksum of exactly that text."""
+    body = _canonical({uid: _claim_json(c) for uid, c in claims.items()})
+    digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+    return (f'{{"version": {CHECKPOINT_VERSION}, "checksum": "{digest}",\n'
+            f' "claims": {body}}}\n')
 
 
 def decode(text: str, path: str) -> tuple[Claims, int]:
@@ -133,6 +140,18 @@ def claim_offset(uid: str) -> int:
     return 1 + int.from_bytes(hashlib.sha256(uid.encode()).digest()[:6], "big")
 
 
+FileId = tuple[int, int, int, int]
+
+
+def _file_id(path: str) -> FileId | None:
+    """Which version of the file is there: every write is a rename to a new inode."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
 class Checkpoint:
     """The checkpoint file and its lock file; each method blocks (run it off the loop).
 
@@ -146,7 +165,10 @@ class Checkpoint:
         self.lock_path = lock_path
         self._fd: int | None = None
         self._local = threading.Lock()
-        self.written: int | None = None  # the inode of the file this instance wrote last
+        self.written: FileId | None = None  # the version this instance wrote last
+        # The claims of the version last read or written: a file nobody else wrote since
+        # costs a stat, not a parse.
+        self._cache: tuple[FileId, Claims] | None = None
 
     def open(self) -> None:
         if self._fd is None:
@@ -173,14 +195,17 @@ class Checkpoint:
             _ofd_lock(self._fd, fcntl.F_UNLCK, claim_offset(uid), wait=False)
 
     def read(self) -> tuple[Claims, int]:
-        return load_checkpoint(self.path)
+        ident = _file_id(self.path)
+        if ident is not None and self._cache is not None and self._cache[0] == ident:
+            return dict(self._cache[1]), CHECKPOINT_VERSION
+        claims, version = load_checkpoint(self.path)
+        if ident is not None and version == CHECKPOINT_VERSION:
+            self._cache = (ident, dict(claims))
+        return claims, version
 
     def written_by_another(self) -> bool:
-        """The file is not the one this instance wrote last (every write is a rename)."""
-        try:
-            return os.stat(self.path).st_ino != self.written
-        except FileNotFoundError:
-            return self.written is not None
+        """The file is not the version this instance wrote last."""
+        return _file_id(self.path) != self.written
 
     def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
                *, force: bool = False) -> Claims:
@@ -195,7 +220,7 @@ class Checkpoint:
             _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK, wait=True)
             try:
                 try:
-                    claims, _ = load_checkpoint(self.path)
+                    claims, _ = self.read()
                 except CheckpointError as exc:
                     log.warning("%s; writing it anew from the claims this instance knows", exc)
                     claims = dict(fallback)
@@ -203,7 +228,9 @@ class Checkpoint:
                 change(claims)
                 if force or claims != before:
                     save_checkpoint(self.path, claims)
-                    self.written = os.stat(self.path).st_ino
+                    self.written = _file_id(self.path)
+                    if self.written is not None:
+                        self._cache = (self.written, dict(claims))
                 return claims
             finally:
                 _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK, wait=False)

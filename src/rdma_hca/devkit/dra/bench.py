@@ -103,7 +103,9 @@ def _p50_ms(samples: list[float]) -> float:
 async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -> Figure:
     """Ours and the bare servicer, call by call in turn, each preparing a fresh claim."""
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=16)
-    async with DraStage(node, workdir / "stage", node_name=NODE) as stage:
+    # With a pod UID, as the chart runs it: the checkpoint is shared with a possible second
+    # instance, so a fresh claim also reads it under the claim's lock.
+    async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod") as stage:
         assert stage.kubelet is not None
         if not await stage.registered():
             return spec.failed("the driver did not register")
@@ -146,7 +148,8 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
             await api.close()
     return spec.figure(
         _p50_ms(ours), _p50_ms(bare),
-        note=f"{calls} calls each, alternating; {already} claims already prepared; a claim GET "
+        note=f"{calls} calls each, alternating; {already} claims already prepared; POD_UID set "
+             "(rolling-update mode); a claim GET "
              "over HTTP from the same fake API server, a CDI spec and the checkpoint written "
              "with fsync and rename; in-process")
 
