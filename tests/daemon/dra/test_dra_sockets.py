@@ -11,12 +11,20 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon._proto.dra import health_v1_pb2, health_v1_pb2_grpc
+from rdma_hca.daemon._proto.dra import (
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    health_v1beta1_pb2,
+    health_v1beta1_pb2_grpc,
+)
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.devkit.dra.apiserver import FakeApiServer, Recorded
@@ -233,3 +241,19 @@ async def test_a_claim_the_other_instance_unprepared_is_not_answered_from_memory
         resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # the old one, again
         assert resp.claims[uid].error == ""
         assert spec.exists()  # prepared anew, not answered from what it once knew
+
+
+@pytest.mark.parametrize("pb2, pb2_grpc", [
+    (health_v1_pb2, health_v1_pb2_grpc), (health_v1beta1_pb2, health_v1beta1_pb2_grpc),
+    (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc)], ids=["v1", "v1beta1", "v1alpha1"])
+async def test_every_health_version_a_supported_kubelet_calls_is_served(
+        stage: DraStage, pb2: Any, pb2_grpc: Any) -> None:
+    assert stage.driver is not None
+    async with grpc.aio.insecure_channel("unix://" + stage.driver.config.endpoint) as ch:
+        stream = pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            pb2.NodeWatchResourcesRequest())
+        first = await stream.read()
+        stream.cancel()
+    names = {d.device.device_name for d in first.devices}
+    assert names == set(stage.devices())
+    assert all(d.device.pool_name == NODE and d.health == pb2.HEALTHY for d in first.devices)
