@@ -441,8 +441,10 @@ class ClaimKeeper:
                 self.checkpoint.update(drop, fallback)
             return removed[0]
 
+        known = self.prepared.get(uid)
+        devices = [d.device for d in known.devices] if known is not None else []
         try:
-            async with self._claim_locked(uid):
+            async with self._claim_locked(uid), self._devices_locked(devices):
                 was = await self._run(f"removing the CDI spec and checkpoint entry of claim "
                                       f"{uid}", commit)
         except Exception as exc:
