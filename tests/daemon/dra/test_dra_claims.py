@@ -13,10 +13,14 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon.dra.checkpoint import PreparedDevice
-from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimKeeper, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.devkit.dra.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.settings.model import DraConfig, Mode, Settings
 
 
 def _result(device: str, request: str = "hca") -> dict[str, str]:
@@ -150,3 +154,33 @@ def test_a_claim_is_parsed_at_the_edge() -> None:
         parse_claim({"metadata": {"namespace": "ns", "name": "c"}})
     with pytest.raises(ClaimError, match="not a ResourceClaim"):
         parse_claim(["x"])
+
+
+@pytest.mark.parametrize("mode", [Mode.EXCLUSIVE, Mode.SHARED])
+async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mode: Mode) -> None:
+    settings = Settings(node_name=NODE, kubelet_root=str(tmp_path),
+                        dra=DraConfig(enabled=True, mode=mode))
+    keeper = ClaimKeeper(DriverConfig.from_settings(settings), OffLoop(5.0))
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def claim(name: str, devices: list[str], hold: bool) -> None:
+        async with keeper._devices_locked(devices):
+            order.append(f"{name} in")
+            if hold:
+                await release.wait()
+            order.append(f"{name} out")
+
+    first = asyncio.create_task(claim("a", ["mlx5-0", "mlx5-1"], True))
+    assert await wait_until(lambda: order == ["a in"], 5.0)
+    second = asyncio.create_task(claim("b", ["mlx5-1"], False))
+    if mode is Mode.EXCLUSIVE:
+        assert await wait_until(lambda: keeper.device_waits == 1, 5.0)
+        release.set()
+        await asyncio.gather(first, second)
+        assert order == ["a in", "a out", "b in", "b out"]
+    else:
+        await second  # shared: nothing to wait for
+        release.set()
+        await first
+        assert order == ["a in", "b in", "b out", "a out"] and keeper.device_waits == 0

@@ -148,6 +148,7 @@ class ClaimKeeper:
         self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
         self.hook_failures = 0
         self.lock_waits = 0  # times a claim's lock was held by another instance
+        self.device_waits = 0  # times an exclusive device was busy with another claim
         self._io = io
         self._verified: set[str] = set()  # claims whose spec this process wrote or saw
         self._locks: dict[str, asyncio.Lock] = {}
@@ -301,8 +302,10 @@ class ClaimKeeper:
             return
         async with contextlib.AsyncExitStack() as stack:
             for name in sorted(set(devices)):  # one order everywhere: no deadlock
-                await stack.enter_async_context(
-                    self._device_locks.setdefault(name, asyncio.Lock()))
+                lock = self._device_locks.setdefault(name, asyncio.Lock())
+                if lock.locked():
+                    self.device_waits += 1
+                await stack.enter_async_context(lock)
             yield
 
     # --- prepare --------------------------------------------------------------------
