@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from pathlib import Path
@@ -10,7 +9,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rdma_hca.kit.dirwatch import DirEvent, watch_dir
 from rdma_hca.kit.unixserver import UNIX_PATH_MAX, UnixServer, socket_path_problem
 
 
@@ -51,28 +49,3 @@ async def test_stop_leaves_a_file_someone_else_put_on_our_name(tmp_path: Path) -
     assert not server.on_disk()
     await server.stop(0)
     assert Path(server.path).read_text() == "not ours"
-
-
-async def test_the_watch_sees_entries_come_and_go(tmp_path: Path) -> None:
-    seen: list[DirEvent] = []
-    started = asyncio.Event()
-    got_removal = asyncio.Event()
-
-    async def follow() -> None:
-        async for event in watch_dir(str(tmp_path)):
-            seen.append(event)
-            if event.watching:
-                started.set()
-            if event.removed:
-                got_removal.set()
-
-    task = asyncio.create_task(follow())
-    try:
-        await asyncio.wait_for(started.wait(), 10)
-        (tmp_path / "a").write_text("x")
-        (tmp_path / "a").unlink()
-        await asyncio.wait_for(got_removal.wait(), 10)
-    finally:
-        task.cancel()
-    names = [(e.name, e.created, e.removed) for e in seen if e.name == "a"]
-    assert names[0] == ("a", True, False) and names[-1] == ("a", False, True)
