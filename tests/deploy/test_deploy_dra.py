@@ -37,9 +37,9 @@ def test_dra_alone_pod_has_token_env_and_mounts(render: RenderFn) -> None:
     # The pod asks for the token; the account keeps it off for any other pod using it.
     assert one(objs, "ServiceAccount")["automountServiceAccountToken"] is False
     env = env_of(objs)
+    # No device-plugins directory: the node may not have one without the device plugin.
     assert {k: v for k, v in env.items() if k not in {
         "RDMA_HCA_CONFIG", "RDMA_HCA_SYSFS_ROOT", "RDMA_HCA_DEV_ROOT"}} == {
-        "RDMA_HCA_KUBELET_DIR": "/var/lib/k0s/kubelet/device-plugins",
         "RDMA_HCA_KUBELET_ROOT": "/var/lib/k0s/kubelet",
         "RDMA_HCA_DRA_ENABLED": "true",
         "RDMA_HCA_DRA_DRIVER_NAME": "hca.example.com",
@@ -47,6 +47,15 @@ def test_dra_alone_pod_has_token_env_and_mounts(render: RenderFn) -> None:
     }
     (node,) = [e for e in container(objs)["env"] if e["name"] == "NODE_NAME"]
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (uid,) = [e for e in container(objs)["env"] if e["name"] == "POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # The new pod serves beside the old one before the old one goes.
+    assert one(objs, "DaemonSet")["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # The fallback for kubelets before 1.33: the strategy as given.
+    older = render({**ALONE, "updateStrategy.rollingUpdate.maxSurge": "0"})
+    assert one(older, "DaemonSet")["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     m, v = mounts(objs), volumes(objs)
     # Each at the same path on the host and in the pod: the kubelet dials the sockets at
     # the paths the driver reports.
@@ -54,13 +63,13 @@ def test_dra_alone_pod_has_token_env_and_mounts(render: RenderFn) -> None:
         "plugins-registry": ("/var/lib/k0s/kubelet/plugins_registry", "Directory"),
         "plugins": ("/var/lib/k0s/kubelet/plugins", "Directory"),
         "cdi-specs": ("/var/run/cdi", "DirectoryOrCreate"),
-        "device-plugins": ("/var/lib/k0s/kubelet/device-plugins", "Directory"),
     }
     for name, (path, kind) in want.items():
         assert m[name]["mountPath"] == path
         assert v[name]["hostPath"] == {"path": path, "type": kind}
+    assert "device-plugins" not in m and "device-plugins" not in v
     writable = {name for name, mount in m.items() if not mount.get("readOnly", False)}
-    assert writable == {"device-plugins", "tmp", "cdi-specs", "plugins-registry", "plugins"}
+    assert writable == {"tmp", "cdi-specs", "plugins-registry", "plugins"}
 
 
 def test_dra_beside_the_device_plugin(render: RenderFn) -> None:
@@ -69,6 +78,10 @@ def test_dra_beside_the_device_plugin(render: RenderFn) -> None:
     assert env["RDMA_HCA_DEVICE_PLUGIN_ENABLED"] == "true"
     assert env["RDMA_HCA_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["RDMA_HCA_DRA_DRIVER_NAME"] == "rdma-hca.io"
+    assert "device-plugins" in mounts(objs)
+    # Two device plugins on one node would take each other's sockets: no surge here.
+    assert one(objs, "DaemonSet")["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     cfg = config(objs)
     assert cfg["selectors"] == {"names": ["mlx5_0", "mlx5_1"]}
     assert cfg["dra"] == {"selectors": {"names": ["mlx5_2"], "linkLayers": ["InfiniBand"]}}

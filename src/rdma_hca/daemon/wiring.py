@@ -166,6 +166,7 @@ class Daemon:
                 registrations=self.dra.registrations,
                 prepared_claims=len(self.dra.prepared),
                 publish_error=self.dra.publish_error,
+                published=self.dra.published_since_start,
             ),
         )
 
@@ -265,8 +266,10 @@ class Daemon:
         await self.judge_node(inventory)
         if self.settings.cdi.enabled:
             await self._write_cdi(inventory)
-        await self.lifecycle.start()
-        self.supervisor.watch(self.lifecycle.tasks)
+        if self.runtimes:
+            # DRA alone has no device-plugins directory to wait for.
+            await self.lifecycle.start()
+            self.supervisor.watch(self.lifecycle.tasks)
         if self.dra is not None:
             await self.dra.start(inventory)
             self.supervisor.watch(self.dra.tasks)

@@ -202,6 +202,10 @@ SETTINGS: tuple[Setting, ...] = (
        "this node's name (the chart sets NODE_NAME from the pod's spec.nodeName)",
        scope=Scope.MACHINE, extra_env=("NODE_NAME",), default_text="none",
        max_length=253),
+    _s("podUid", Kind.DNS_NAME, "",
+       "this pod's UID (the chart sets POD_UID from metadata.uid): the DRA sockets carry it, "
+       "so two instances can run side by side in a rolling update",
+       scope=Scope.MACHINE, extra_env=("POD_UID",), default_text="none", max_length=63),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

@@ -187,6 +187,7 @@ class Settings:
     plugins_registry_dir: str = ""
     plugins_dir: str = ""
     node_name: str = ""
+    pod_uid: str = ""
     config_file: str | None = None
     # One line each: things that work but are probably not what was meant.
     warnings: tuple[str, ...] = field(default=(), compare=False)

@@ -187,3 +187,59 @@ async def test_a_stuck_cdi_directory_does_not_delay_a_dra_slice_update(
             os.close(writer)
         await daemon.stop()
         await kubelet.stop()
+
+
+async def test_serve_with_dra_and_no_credentials_says_so_in_one_line_and_exits_2(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env.update({"HOME": str(tmp_path / "home"), "NODE_NAME": NODE})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
+        "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
+        "--kubelet-root", kubelet_root, "--metrics-address", "",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30.0)
+    text = out.decode()
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    errors = [line for line in text.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, text
+    assert "no usable API server credentials" in errors[0]
+    assert "in-cluster service account (KUBERNETES_SERVICE_HOST is not set)" in errors[0]
+    assert "KUBECONFIG" in errors[0] and ".kube/config" in errors[0]
+
+
+async def test_dra_alone_waits_for_no_device_plugins_directory_and_is_ready_only_once_published(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    settings = _settings(dra_node, kubelet_root, tmp_path)
+    os.rmdir(settings.kubelet_dir)  # a DRA-only pod mounts no device-plugins directory
+    refuse = True
+
+    def slices_refused(record: object) -> None:
+        if refuse and getattr(record, "path", "").endswith("resourceslices") and \
+                getattr(record, "method", "") == "POST":
+            raise ValueError("refused for the test")
+
+    api.on_request = slices_refused  # a slice write fails: 400 from the fake server
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+    daemon = Daemon(settings, netlink=False)
+    try:
+        await daemon.start()
+        assert await kubelet.wait_registered(DRIVER)
+        assert daemon.dra is not None
+        assert await wait_until(lambda: daemon.dra is not None and
+                                daemon.dra.publish_error is not None, 10.0)
+        status = daemon.status()
+        assert not status.ready
+        assert "the DRA driver's ResourceSlice (none published since start)" in status.waiting
+        refuse = False
+        assert await wait_until(lambda: daemon.ready(), 15.0)
+    finally:
+        api.on_request = None
+        await daemon.stop()
+        await kubelet.stop()
+    assert not any("device-plugins" in r.getMessage() for r in caplog.records)

@@ -133,10 +133,14 @@ async def test_a_lost_cdi_spec_is_written_again(stage: DraStage) -> None:
     await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])
     path = stage.cdi_dir / f"{DRIVER}-claim-{uid}.json"
     before = path.read_text()
-    path.unlink()
+    path.unlink()  # the reboot: the spec is gone, the checkpoint is not
+    await stage.restart_driver()
+    assert await stage.registered(2)
+    gets = _claim_gets(stage.api)
     resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])
     assert resp.claims[uid].error == ""
     assert path.read_text() == before
+    assert _claim_gets(stage.api) == gets  # from the checkpoint, not the API server
 
 
 async def test_a_claim_for_a_gone_hca_fails_alone(stage: DraStage, dra_node: sim.SimNode) -> None:

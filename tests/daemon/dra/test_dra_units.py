@@ -12,7 +12,7 @@ from rdma_hca.daemon._proto.dra import (
 )
 from rdma_hca.daemon.dra import DriverConfig
 from rdma_hca.daemon.dra.devices import device_names
-from rdma_hca.settings.model import DraConfig, Settings
+from rdma_hca.settings.model import DraConfig, Mode, Settings
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -38,7 +38,24 @@ def test_config_from_settings_follows_the_kubelet_root() -> None:
     assert config.registration_socket == "/k/plugins_registry/rdma-hca.io-reg.sock"
     assert config.endpoint == "/k/plugins/rdma-hca.io/dra.sock"
     assert config.checkpoint == "/k/plugins/rdma-hca.io/checkpoint.json"
-    assert DriverConfig.from_settings(settings, node_name="x").node_name == "x"
+    assert config.read_deadline == settings.read_deadline_seconds == 5.0
+    assert config.lock_path == "/k/plugins/rdma-hca.io/claims.lock"
+
+
+def test_a_pod_uid_puts_both_sockets_beside_another_instances() -> None:
+    """The upstream helper's rolling-update names: the registration and the DRA socket."""
+    settings = Settings(kubelet_root="/k", node_name="n7", pod_uid="0f1e-2d",
+                        dra=DraConfig(enabled=True))
+    config = DriverConfig.from_settings(settings)
+    assert config.registration_socket == "/k/plugins_registry/rdma-hca.io-0f1e-2d-reg.sock"
+    assert config.endpoint == "/k/plugins/rdma-hca.io/dra-0f1e-2d.sock"
+    # Shared by both instances: one checkpoint, one lock file.
+    assert config.checkpoint == "/k/plugins/rdma-hca.io/checkpoint.json"
+
+
+def test_the_mode_is_the_enum_whichever_way_it_came() -> None:
+    settings = Settings(node_name="n", dra=DraConfig(enabled=True, mode="exclusive"))  # type: ignore[arg-type]
+    assert DriverConfig.from_settings(settings).mode is Mode.EXCLUSIVE
 
 
 def test_wire_format_is_the_kubelets() -> None:

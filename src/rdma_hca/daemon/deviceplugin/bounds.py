@@ -8,8 +8,7 @@ megabytes.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 # The largest request the kubelet really sends: GetPreferredAllocation with every ID
 # of the biggest pool in both lists. 100,000 slots (rdmaHcaMax's maximum) have IDs of
@@ -38,27 +37,3 @@ def shorten_ids(ids: Sequence[str], shown: int = SHOWN_IDS) -> str:
 
 def _plain(value: str) -> bool:
     return len(value) <= SHOWN_CHARS and value.isprintable() and "," not in value
-
-
-class Throttle:
-    """At most one line per key and interval, so a flood of bad requests is a few lines.
-
-    ``allow(key)`` answers None while the key is quiet, otherwise how many lines were
-    held back since the last one it allowed.
-    """
-
-    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
-        self.interval = interval
-        self._clock = clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def allow(self, key: str) -> int | None:
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval:
-            self._held[key] = self._held.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._held.pop(key, 0)

@@ -42,6 +42,7 @@ from rdma_hca.daemon.deviceplugin.registration import (
 )
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import cancel_all, unless, wait_event
+from rdma_hca.kit.dirwatch import watch_dir
 
 __all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
 
@@ -303,37 +304,20 @@ class KubeletLifecycle:
         return True
 
     async def _watch_dir(self) -> None:
-        from asyncinotify import Inotify, Mask
-
-        mask = (Mask.CREATE | Mask.DELETE | Mask.MOVED_TO | Mask.MOVED_FROM
-                | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.CLOSE_WRITE)
         ours = {socket_name(r): p for r, p in self.pools.items()}
-        while True:
-            if not os.path.isdir(self.kubelet_dir):
-                await asyncio.sleep(1.0)
-                continue
-            if self._dir_missing:
-                self._hurry = True
-                self._wake.set()
-            try:
-                with Inotify() as inotify:
-                    inotify.add_watch(self.kubelet_dir, mask)
-                    async for event in inotify:
-                        name = event.name.name if event.name is not None else None
-                        if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
-                            self.request(None, f"{self.kubelet_dir} was removed")
-                            break
-                        created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
-                        if name == KUBELET_SOCKET and created:
-                            self.kubelet_started()
-                        elif name in ours:
-                            self._socket_changed(
-                                ours[name], f"{name} was " + (
-                                    "removed" if event.mask & (Mask.DELETE | Mask.MOVED_FROM)
-                                    else "replaced by another file"))
-            except OSError as exc:
-                log.warning("cannot watch %s (%s); polling it instead", self.kubelet_dir, exc)
-                await asyncio.sleep(self.backstop_seconds)
+        async for event in watch_dir(self.kubelet_dir, retry=self.backstop_seconds):
+            if event.watching:
+                if self._dir_missing:
+                    self._hurry = True
+                    self._wake.set()
+            elif event.gone:
+                self.request(None, f"{self.kubelet_dir} was removed")
+            elif event.name == KUBELET_SOCKET and event.created:
+                self.kubelet_started()
+            elif (pool := ours.get(event.name or "")) is not None:
+                self._socket_changed(
+                    pool, f"{event.name} was " + (
+                        "removed" if event.removed else "replaced by another file"))
 
     async def _backstop(self) -> None:
         """A slow poll in case an inotify event was lost (or inotify is unavailable)."""

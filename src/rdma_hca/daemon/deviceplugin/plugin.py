@@ -26,16 +26,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.bounds import Throttle, shorten_ids
+from rdma_hca.daemon.deviceplugin.bounds import shorten_ids
 from rdma_hca.daemon.deviceplugin.pool import Allocation, DeviceInfo, UnknownDeviceIds
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import unless
+from rdma_hca.kit.unixserver import Malformed, Throttle, lenient_service
 from rdma_hca.settings.config import Mode
 
 log = logging.getLogger(__name__)
@@ -51,32 +51,6 @@ MAX_OTHER_STREAMS = 32
 _PROTO_CACHE = 256
 
 Context = grpc.aio.ServicerContext[Any, Any]
-M = TypeVar("M", bound=Message)
-
-
-class Malformed(Generic[M]):
-    """A request body that does not decode as the message its method expects."""
-
-    def __init__(self, kind: type[M], size: int, error: str) -> None:
-        self.kind = kind
-        self.size = size
-        self.error = error[:200]
-
-
-def _lenient(kind: type[M]) -> Callable[[bytes], M | Malformed[M]]:
-    """A deserializer that hands undecodable bytes to the handler instead of raising.
-
-    gRPC logs a deserializer's exception as an ERROR with a traceback; the handler
-    answers a Malformed request itself, with one WARNING.
-    """
-
-    def parse(data: bytes) -> M | Malformed[M]:
-        try:
-            return kind.FromString(data)
-        except (DecodeError, ValueError, RuntimeError) as exc:
-            return Malformed(kind, len(data), str(exc))
-
-    return parse
 
 
 def to_proto(devices: Sequence[DeviceInfo]) -> api_pb2.ListAndWatchResponse:
@@ -133,27 +107,18 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     def add_to(self, server: grpc.aio.Server) -> None:
         """Serve this servicer on ``server``, with lenient request parsing."""
         e, lw = api_pb2.Empty, api_pb2.ListAndWatchResponse
-        handlers = {
-            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                self.GetDevicePluginOptions, request_deserializer=_lenient(e),
-                response_serializer=api_pb2.DevicePluginOptions.SerializeToString),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self.ListAndWatch, request_deserializer=_lenient(e),
-                response_serializer=lw.SerializeToString),
-            "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                self.GetPreferredAllocation,
-                request_deserializer=_lenient(api_pb2.PreferredAllocationRequest),
-                response_serializer=api_pb2.PreferredAllocationResponse.SerializeToString),
-            "Allocate": grpc.unary_unary_rpc_method_handler(
-                self.Allocate, request_deserializer=_lenient(api_pb2.AllocateRequest),
-                response_serializer=api_pb2.AllocateResponse.SerializeToString),
-            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                self.PreStartContainer,
-                request_deserializer=_lenient(api_pb2.PreStartContainerRequest),
-                response_serializer=api_pb2.PreStartContainerResponse.SerializeToString),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
-                                                                              handlers),))
+        server.add_generic_rpc_handlers((lenient_service(SERVICE, {
+            "GetDevicePluginOptions": (self.GetDevicePluginOptions, e,
+                                       api_pb2.DevicePluginOptions, False),
+            "ListAndWatch": (self.ListAndWatch, e, lw, True),
+            "GetPreferredAllocation": (self.GetPreferredAllocation,
+                                       api_pb2.PreferredAllocationRequest,
+                                       api_pb2.PreferredAllocationResponse, False),
+            "Allocate": (self.Allocate, api_pb2.AllocateRequest, api_pb2.AllocateResponse,
+                         False),
+            "PreStartContainer": (self.PreStartContainer, api_pb2.PreStartContainerRequest,
+                                  api_pb2.PreStartContainerResponse, False),
+        }),))
 
     def stop(self) -> None:
         """End every open stream normally, before the server goes away.
@@ -185,10 +150,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     async def _check(self, context: Context, method: str, request: object) -> None:
         if isinstance(request, Malformed):
-            await self._refuse(
-                context, method,
-                f"the request ({request.size} bytes) is not a valid "
-                f"{request.kind.DESCRIPTOR.full_name} message: {request.error}")
+            await self._refuse(context, method, request.describe())
 
     async def GetDevicePluginOptions(
         self, request: api_pb2.Empty | Malformed[api_pb2.Empty], context: Context

@@ -9,12 +9,10 @@ is told apart from one kubelet start to the next.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,17 +21,13 @@ from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.daemon.deviceplugin.bounds import MAX_RECEIVE_BYTES
 from rdma_hca.daemon.deviceplugin.plugin import DevicePluginService
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
+from rdma_hca.kit.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s timeout
-# Only the kubelet (root) needs to reach the socket: any local user who can connect
-# could allocate devices.
-SOCKET_MODE = 0o600
-# sun_path holds 108 bytes with the terminating NUL.
-UNIX_PATH_MAX = 107
 
 KubeletId = tuple[int, int]
 
@@ -74,80 +68,28 @@ async def register(kubelet_dir: str, endpoint: str, resource_name: str,
 
 
 class PoolServer:
-    """One pool's gRPC server on its own unix socket."""
+    """One pool's gRPC server on its own unix socket (0600, size-limited requests)."""
 
     def __init__(self, service: DevicePluginService, kubelet_dir: str) -> None:
         self.service = service
         self.path = os.path.join(kubelet_dir, socket_name(service.runtime.resource_name))
-        self._server: grpc.aio.Server | None = None
-        self._stopping: asyncio.Future[None] | None = None
-        self._inode: tuple[int, int] | None = None
+        self._unix = UnixServer(self.path, service.add_to, max_receive_bytes=MAX_RECEIVE_BYTES,
+                                hint="use a shorter --kubelet-dir")
 
     async def start(self) -> None:
-        path = os.path.abspath(self.path)
-        if len(path.encode()) > UNIX_PATH_MAX:
-            raise OSError(f"the path is {len(path.encode())} bytes, over the unix socket limit "
-                          f"of {UNIX_PATH_MAX}; use a shorter --kubelet-dir")
-        # A socket left by a process killed with -9 (or anything else on our name)
-        # would make bind fail.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)])
-        self.service.add_to(server)
-        # The socket is created by bind with the process umask: narrow it for that
-        # one call so the socket is never reachable by others, even for a moment. The
-        # umask is the process's, but nothing else creates files meanwhile: this runs
-        # on the event loop's thread, and the worker threads only read.
-        old = os.umask(0o177)
-        try:
-            server.add_insecure_port("unix://" + path)
-        finally:
-            os.umask(old)
-        try:
-            os.chmod(self.path, SOCKET_MODE)
-            st = os.stat(self.path)
-            self._inode = (st.st_dev, st.st_ino)
-            await server.start()
-        except BaseException:
-            await server.stop(None)
-            raise
-        self._server = server
+        await self._unix.start()
 
     def on_disk(self) -> bool:
-        """Our socket is still the file at our path (not removed, not replaced).
-
-        A bound socket keeps its inode alive, so the number cannot be reused by
-        another file while this server lives.
-        """
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._inode
+        """Our socket is still the file at our path (not removed, not replaced)."""
+        return self._unix.on_disk()
 
     async def stop(self, grace: float = 0.5) -> None:
-        """Stop once, even if called again or if the caller is cancelled meanwhile.
-
-        An interrupted gRPC server shutdown, or a second one started beside it, fails
-        inside gRPC ("invalid state"); so the shutdown runs as one task of its own.
-        """
-        if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._stop(grace))
-        await asyncio.shield(self._stopping)
-
-    async def _stop(self, grace: float) -> None:
-        self.service.stop()
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
-        self.remove_socket()
+        """Stop once, even if called again or if the caller is cancelled meanwhile."""
+        await self._unix.stop(grace, before=self.service.stop)
 
     def remove_socket(self) -> None:
         """Remove our socket, but never a file someone else put on our name."""
-        if self.on_disk():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        self._unix.remove_socket()
 
 
 class State(enum.Enum):

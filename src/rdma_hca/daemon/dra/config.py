@@ -1,84 +1,110 @@
-"""What the DRA driver needs to know: one plain record the daemon's settings map onto.
+"""The DRA driver's view of the daemon's settings: derived from ``Settings``, no defaults.
 
-(``settings_model.DraConfig`` is the user-facing ``dra:`` block; this is the driver's own.)
+Every value a user can set comes from :class:`~rdma_hca.settings.model.Settings` (where
+its default is declared, once); the rest are fixed by the driver (``FIXED``) or given by
+the caller that builds the view (a kubeconfig, a checkpoint path for tests). Names of
+the sockets and files follow the upstream kubelet plugin helper, including its
+rolling-update mode: with a pod UID, both sockets carry it, so the old and the new pod
+of a DaemonSet rolling update serve side by side.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings, env_settings
+from rdma_hca.daemon.offer.env import EnvSettings, env_settings
 from rdma_hca.settings.config import Mode, Selectors
+from rdma_hca.settings.model import Settings
 
-if TYPE_CHECKING:
-    from rdma_hca.settings.model import Settings
-
-DEFAULT_DRIVER_NAME = "rdma-hca.io"
 DRA_SOCKET = "dra.sock"
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "claims.lock"
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """What the driver decides itself; tests change it with ``dataclasses.replace``."""
+
+    device_taints: bool = True  # taint a device whose ports are all down (DRADeviceTaints)
+    resync_seconds: float = 60.0  # check the published slice this often (0: only on events)
+    socket_check_seconds: float = 5.0  # backstop of the socket watch, in case inotify lost one
+    health_resend_seconds: float = 10.0  # every device's health again, within the kubelet's 30 s
+
+
+FIXED = Fixed()
 
 
 @dataclass(frozen=True, slots=True)
 class DriverConfig:
-    driver_name: str = DEFAULT_DRIVER_NAME
-    """The DRA driver name: ResourceSlices, DeviceClass selectors and CDI kinds carry it."""
-    node_name: str = ""
-    """This node's name; the driver publishes and touches only this node's slices."""
-    plugins_registry_dir: str = "/var/lib/kubelet/plugins_registry"
-    """Where the kubelet's plugin watcher looks for registration sockets."""
-    plugins_dir: str = "/var/lib/kubelet/plugins"
-    """The DRA service socket lives in ``<plugins_dir>/<driver name>/``."""
-    cdi_spec_dir: str = "/var/run/cdi"
-    """Where the container runtime reads CDI specs; one file per prepared claim."""
-    mode: Mode = Mode.SHARED
-    """Shared: every device may be allocated to several claims at once; exclusive: not."""
-    env: EnvSettings = NO_NCCL_ENV
-    """What env prepared containers get besides RDMA_HCA_DEVICES (``daemon/offer/env.py``)."""
-    checkpoint_path: str = ""
-    """Prepared claims survive restarts here; empty: ``<plugins_dir>/<driver>/checkpoint.json``."""
-    read_deadline: float = 10.0
-    """Seconds an API server call or a file operation may take before it counts as failed."""
-    selectors: Selectors = field(default_factory=Selectors)
-    """Which HCAs the driver offers (the device plugin pools must not offer the same ones)."""
-    device_taints: bool = True
-    """Taint the device of an HCA whose ports are all down (needs DRADeviceTaints)."""
-    resync_seconds: float = 60.0
-    """Check the published slice against the API server this often (0: only on events)."""
-    socket_check_seconds: float = 0.5
-    """How often to check that our sockets still exist (a kubelet may wipe its directories)."""
-    kubeconfig: str | None = None
-    """A kubeconfig file; None: in-cluster credentials, else ``KUBECONFIG``."""
+    """Built by :meth:`from_settings` only; every field is required."""
+
+    driver_name: str
+    node_name: str
+    pod_uid: str
+    plugins_registry_dir: str
+    plugins_dir: str
+    cdi_spec_dir: str
+    mode: Mode
+    env: EnvSettings
+    checkpoint_path: str
+    read_deadline: float
+    selectors: Selectors
+    kubeconfig: str | None
+    device_taints: bool
+    resync_seconds: float
+    socket_check_seconds: float
+    health_resend_seconds: float
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> DriverConfig:
-        """The driver's part of the daemon's settings; ``overrides`` set any other field."""
-        fields: dict[str, object] = {
-            "driver_name": settings.dra.driver_name,
-            "mode": settings.dra.mode,
-            "node_name": settings.node_name,
-            "plugins_registry_dir": settings.plugins_registry_dir,
-            "plugins_dir": settings.plugins_dir,
-            "cdi_spec_dir": settings.cdi.spec_dir,
-            "env": env_settings(settings),
-            "read_deadline": settings.read_deadline_seconds,
-            "selectors": settings.dra.selectors,
-        }
-        fields.update(overrides)
-        return cls(**fields)  # type: ignore[arg-type]
+    def from_settings(cls, settings: Settings, *, read_deadline: float | None = None,
+                      kubeconfig: str | None = None, checkpoint_path: str = "",
+                      fixed: Fixed = FIXED) -> DriverConfig:
+        return cls(
+            driver_name=settings.dra.driver_name,
+            node_name=settings.node_name,
+            pod_uid=settings.pod_uid,
+            plugins_registry_dir=settings.plugins_registry_dir,
+            plugins_dir=settings.plugins_dir,
+            cdi_spec_dir=settings.cdi.spec_dir,
+            # Whichever layer gave it, the driver compares the enum.
+            mode=Mode(settings.dra.mode),
+            env=env_settings(settings),
+            checkpoint_path=checkpoint_path,
+            read_deadline=(settings.read_deadline_seconds if read_deadline is None
+                           else read_deadline),
+            selectors=settings.dra.selectors,
+            kubeconfig=kubeconfig,
+            device_taints=fixed.device_taints,
+            resync_seconds=fixed.resync_seconds,
+            socket_check_seconds=fixed.socket_check_seconds,
+            health_resend_seconds=fixed.health_resend_seconds,
+        )
+
+    @property
+    def plugin_dir(self) -> str:
+        """``<plugins_dir>/<driver>``: the DRA socket, the checkpoint and the lock."""
+        return os.path.abspath(os.path.join(self.plugins_dir, self.driver_name))
 
     @property
     def registration_socket(self) -> str:
-        return os.path.join(self.plugins_registry_dir, f"{self.driver_name}-reg.sock")
+        name = (f"{self.driver_name}-{self.pod_uid}-reg.sock" if self.pod_uid
+                else f"{self.driver_name}-reg.sock")
+        return os.path.abspath(os.path.join(self.plugins_registry_dir, name))
 
     @property
     def endpoint(self) -> str:
-        return os.path.abspath(os.path.join(self.plugins_dir, self.driver_name, DRA_SOCKET))
+        name = f"dra-{self.pod_uid}.sock" if self.pod_uid else DRA_SOCKET
+        return os.path.join(self.plugin_dir, name)
 
     @property
     def checkpoint(self) -> str:
-        return self.checkpoint_path or os.path.join(
-            self.plugins_dir, self.driver_name, "checkpoint.json")
+        return self.checkpoint_path or os.path.join(self.plugin_dir, CHECKPOINT_FILE)
+
+    @property
+    def lock_path(self) -> str:
+        """Shared by every instance on the node: claims are serialized across them."""
+        return os.path.join(self.plugin_dir, LOCK_FILE)
 
     @property
     def pool_name(self) -> str:

@@ -1,30 +1,31 @@
-"""The driver's files: one CDI spec per prepared claim, and the checkpoint of claims.
+"""One CDI spec per prepared claim: what it holds, where it lives, and reading it back.
 
-Both are written the same way: a temp file in the target directory, fsync, rename.
-containerd only notices a CDI spec written or renamed inside its directory, and a
-checkpoint cut short by a crash must leave the previous one intact. Everything here
-blocks; the driver runs it off the loop on threads of its own, with a deadline.
+The spec is built by the one CDI builder (``offer/cdi.py``) and written like every file
+the daemon owns (temp file, fsync, rename: containerd notices only a spec written or
+renamed inside its directory). Its annotations name the claim and, per device, the pool,
+the device, the HCA and the requests: that is what lets a lost checkpoint be rebuilt
+from the specs. Everything here blocks; the driver runs it off the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.daemon.offer.cdi import CdiDevice, make_spec
+from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
-CDI_VERSION = "0.6.0"
+log = logging.getLogger(__name__)
+
 CDI_CLASS = "claim"
-CHECKPOINT_VERSION = 1
-
-
-# --- CDI ---------------------------------------------------------------------------------
 
 
 def cdi_kind(driver: str) -> str:
@@ -39,36 +40,38 @@ def cdi_id(driver: str, claim_uid: str, device: str) -> str:
     return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device)}"
 
 
+def _spec_prefix(driver: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{driver}-{CDI_CLASS}-")
+
+
 def cdi_spec_path(spec_dir: str, driver: str, claim_uid: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{driver}-{CDI_CLASS}-{claim_uid}")
     return os.path.join(spec_dir, safe + ".json")
 
 
-def _node(dev: CharDevice) -> dict[str, str]:
-    return {"path": dev.path, "hostPath": dev.path, "permissions": "rw"}
+def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
+    """The variables the device plugin's Allocate would set, built from the claim's own
+    HCAs (``daemon/offer/env.py``)."""
+    return [f"{k}={v}" for k, v in container_env(hcas, env).items()]
 
 
-def claim_spec(driver: str, claim_uid: str, devices: Mapping[str, Hca],
-               rdma_cm: CharDevice | None, container_env: Mapping[str, str]) -> dict[str, Any]:
-    """The CDI spec of one claim: one CDI device per allocated HCA.
+def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
+               rdma_cm: CharDevice | None, env_settings: EnvSettings) -> dict[str, Any]:
+    """The CDI spec of one claim: one CDI device per allocated HCA (``hcas`` by device).
 
-    Every device carries the claim's whole env (``daemon/offer/env.py``, built from the
-    claim's own HCAs), so a container gets one consistent value.
+    Every device carries the claim's whole HCA list in its env, so a container gets one
+    consistent value.
     """
-    env = [f"{k}={v}" for k, v in container_env.items()]
-    spec: dict[str, Any] = {
-        "cdiVersion": CDI_VERSION,
-        "kind": cdi_kind(driver),
-        "devices": [
-            {"name": cdi_device_name(claim_uid, dev),
-             "containerEdits": {"deviceNodes": [_node(d) for d in hca.device_nodes()],
-                                "env": env}}
-            for dev, hca in devices.items()
-        ],
-    }
-    if rdma_cm is not None:
-        spec["containerEdits"] = {"deviceNodes": [_node(rdma_cm)]}
-    return spec
+    env = claim_env(list(hcas.values()), env_settings)
+    devices = [
+        CdiDevice(cdi_device_name(claim_uid, d.device), hcas[d.device].device_nodes(), env,
+                  {f"{driver}/device": d.device, f"{driver}/pool": d.pool,
+                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names)})
+        for d in claim.devices
+    ]
+    return make_spec(cdi_kind(driver), devices, rdma_cm, {
+        f"{driver}/claim-uid": claim_uid, f"{driver}/claim-namespace": claim.namespace,
+        f"{driver}/claim-name": claim.name})
 
 
 def write_claim_spec(spec_dir: str, driver: str, claim_uid: str,
@@ -83,52 +86,46 @@ def remove_claim_spec(spec_dir: str, driver: str, claim_uid: str) -> None:
         os.unlink(cdi_spec_path(spec_dir, driver, claim_uid))
 
 
-# --- checkpoint --------------------------------------------------------------------------
+def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, PreparedClaim] | None:
+    """The claim a spec of ours describes, or None when it is not one of ours (or lacks
+    the annotations, as specs written before they existed do)."""
+    notes = spec.get("annotations") or {}
+    uid = notes.get(f"{driver}/claim-uid")
+    if spec.get("kind") != cdi_kind(driver) or not isinstance(uid, str):
+        return None
+    devices = []
+    for d in spec.get("devices") or []:
+        dn = d.get("annotations") or {}
+        device = dn.get(f"{driver}/device")
+        if not isinstance(device, str):
+            return None
+        requests = str(dn.get(f"{driver}/requests", ""))
+        devices.append(PreparedDevice(
+            tuple(requests.split(",")) if requests else (), str(dn.get(f"{driver}/pool", "")),
+            device, str(dn.get(f"{driver}/hca", "")), (cdi_id(driver, uid, device),)))
+    claim = PreparedClaim(str(notes.get(f"{driver}/claim-namespace", "")),
+                          str(notes.get(f"{driver}/claim-name", "")), tuple(devices))
+    return uid, claim
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    hca: str
-    cdi_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedClaim:
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...] = field(default=())
-
-
-class CheckpointError(ValueError):
-    """The checkpoint file exists but cannot be read as one."""
-
-
-def load_checkpoint(path: str) -> dict[str, PreparedClaim]:
+def read_claim_specs(spec_dir: str, driver: str) -> dict[str, PreparedClaim]:
+    """Every claim this driver's specs in ``spec_dir`` describe; unreadable ones skipped."""
+    prefix = _spec_prefix(driver)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        names = sorted(os.listdir(spec_dir))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
-    if not isinstance(raw, dict) or raw.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path} is not a version {CHECKPOINT_VERSION} checkpoint")
-    try:
-        return {
-            uid: PreparedClaim(
-                c["namespace"], c["name"],
-                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
-                                     d["hca"], tuple(d["cdi_ids"])) for d in c["devices"]))
-            for uid, c in raw.get("claims", {}).items()
-        }
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{path} has a malformed claim entry: {exc}") from exc
-
-
-def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:
-    data = {"version": CHECKPOINT_VERSION,
-            "claims": {uid: asdict(c) for uid, c in sorted(claims.items())}}
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+    found: dict[str, PreparedClaim] = {}
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(spec_dir, name), encoding="utf-8") as f:
+                spec = json.load(f)
+            parsed = claim_from_spec(spec, driver) if isinstance(spec, dict) else None
+        except (OSError, ValueError) as exc:
+            log.warning("CDI spec %s cannot be read (%s); skipped", name, exc)
+            continue
+        if parsed is not None:
+            found[parsed[0]] = parsed[1]
+    return found

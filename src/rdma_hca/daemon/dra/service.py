@@ -1,7 +1,9 @@
 """The gRPC services the kubelet calls: registration, DRAPlugin (v1, v1beta1), health.
 
 Servicers only translate between protobuf and the driver's plain records; the work is
-the driver's (``Preparer``), so both DRA versions share one implementation.
+the driver's (``Preparer``), so both DRA versions share one implementation. Requests are
+parsed leniently (the kit's server helper): one that does not decode is refused with
+INVALID_ARGUMENT and one throttled line, never a gRPC traceback.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -18,23 +19,22 @@ import grpc
 
 from rdma_hca.daemon._proto.dra import (
     dra_v1_pb2,
-    dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
     health_v1_pb2,
-    health_v1_pb2_grpc,
     health_v1alpha1_pb2,
-    health_v1alpha1_pb2_grpc,
     health_v1beta1_pb2,
-    health_v1beta1_pb2_grpc,
     pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
 )
-from rdma_hca.daemon.dra.files import PreparedDevice
+from rdma_hca.daemon.dra.claims import ClaimRef, PrepareResult
+from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.unixserver import Malformed, Throttle, lenient_service
 
-log = logging.getLogger("rdma_hca.dra.service")
+log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
+# What each device's health message asks the kubelet to wait for the next one (its own
+# default is 30 s too); the streams resend well within it.
+HEALTH_CHECK_TIMEOUT = 30
 # Most recent first: the kubelet takes the first entry it knows.
 SUPPORTED_SERVICES = (
     "v1.DRAPlugin",
@@ -45,19 +45,6 @@ SUPPORTED_SERVICES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-
 class Preparer(Protocol):
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]: ...
@@ -66,7 +53,25 @@ class Preparer(Protocol):
 # --- registration ------------------------------------------------------------------------
 
 
-class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
+_THROTTLE = Throttle()
+
+
+async def _check(context: Any, method: str, request: object) -> None:
+    """Refuse a request that did not decode: INVALID_ARGUMENT, and a line now and then."""
+    if isinstance(request, Malformed):
+        message = request.describe()
+        held = _THROTTLE.allow(method)
+        if held is not None:
+            more = f" ({held} more refused since the last such line)" if held else ""
+            log.warning("%s refused: %s%s", method, message, more)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _service_name(pb2: ModuleType, name: str) -> str:
+    return str(pb2.DESCRIPTOR.services_by_name[name].full_name)
+
+
+class RegistrationService:
     def __init__(self, driver: str, endpoint: str,
                  on_status: Callable[[bool, str], Awaitable[None]]) -> None:
         self.info = pluginregistration_v1_pb2.PluginInfo(
@@ -76,6 +81,7 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
 
     async def GetInfo(self, request: pluginregistration_v1_pb2.InfoRequest,
                       context: Any) -> pluginregistration_v1_pb2.PluginInfo:
+        await _check(context, "GetInfo", request)
         # The kubelet's connection monitor calls this every 10 s too: it is not a
         # registration, only NotifyRegistrationStatus is.
         return self.info
@@ -83,6 +89,7 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
     async def NotifyRegistrationStatus(
         self, request: pluginregistration_v1_pb2.RegistrationStatus, context: Any,
     ) -> pluginregistration_v1_pb2.RegistrationStatusResponse:
+        await _check(context, "NotifyRegistrationStatus", request)
         await self.on_status(request.plugin_registered, request.error)
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
@@ -101,6 +108,7 @@ class _DraServiceBase:
         self.preparer = preparer
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        await _check(context, "NodePrepareResources", request)
         results = await self.preparer.prepare(_claims(request))
         resp = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
@@ -114,6 +122,7 @@ class _DraServiceBase:
         return resp
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        await _check(context, "NodeUnprepareResources", request)
         errors = await self.preparer.unprepare(_claims(request))
         resp = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
@@ -121,11 +130,22 @@ class _DraServiceBase:
         return resp
 
 
-class DraServiceV1(_DraServiceBase, dra_v1_pb2_grpc.DRAPluginServicer):
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        pb2 = self.pb2
+        return lenient_service(_service_name(pb2, "DRAPlugin"), {
+            "NodePrepareResources": (self.NodePrepareResources, pb2.NodePrepareResourcesRequest,
+                                     pb2.NodePrepareResourcesResponse, False),
+            "NodeUnprepareResources": (self.NodeUnprepareResources,
+                                       pb2.NodeUnprepareResourcesRequest,
+                                       pb2.NodeUnprepareResourcesResponse, False),
+        })
+
+
+class DraServiceV1(_DraServiceBase):
     pb2 = dra_v1_pb2
 
 
-class DraServiceV1beta1(_DraServiceBase, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+class DraServiceV1beta1(_DraServiceBase):
     pb2 = dra_v1beta1_pb2
 
 
@@ -140,8 +160,9 @@ class HealthBoard:
         self.health: dict[str, bool] = {}
         self.updated: dict[str, int] = {}
         self.version = 0
-        self._changed = asyncio.Condition()
+        self._next = asyncio.Event()  # set, and replaced, at every change
         self.streams = 0
+        self.resends = 0  # messages sent again without a change
 
     async def set(self, health: Mapping[str, bool]) -> bool:
         if dict(health) == self.health:
@@ -152,32 +173,39 @@ class HealthBoard:
                 self.updated[name] = now
         self.health = dict(health)
         self.updated = {n: t for n, t in self.updated.items() if n in self.health}
-        async with self._changed:
-            self.version += 1
-            self._changed.notify_all()
+        self.version += 1
+        changed, self._next = self._next, asyncio.Event()
+        changed.set()
         return True
 
-    async def follow(self) -> AsyncIterator[dict[str, bool]]:
-        """The current health at once, then after every change, until cancelled."""
+    async def follow(self, resend: float | None = None) -> AsyncIterator[dict[str, bool]]:
+        """The current health at once, then after every change, until cancelled.
+
+        With ``resend``, the same health again when nothing changed for that long: the
+        kubelet marks a device Unknown when it hears nothing of it within its
+        health-check timeout.
+        """
         seen = -1
         self.streams += 1
         try:
             while True:
-                async with self._changed:
-                    await self._changed.wait_for(lambda s=seen: self.version != s)  # type: ignore[misc]
-                    seen = self.version
-                    snapshot = dict(self.health)
-                yield snapshot
+                if self.version == seen:
+                    changed = await wait_event(self._next, resend)
+                    if not changed:
+                        self.resends += 1
+                seen = self.version
+                yield dict(self.health)
         finally:
             self.streams -= 1
 
 
 class _HealthServiceBase:
     pb2: ModuleType
-    details = True  # v1alpha1 has no message field
+    details = True  # v1alpha1 has no message or timeout field
 
-    def __init__(self, board: HealthBoard) -> None:
+    def __init__(self, board: HealthBoard, resend: float) -> None:
         self.board = board
+        self.resend = resend
 
     def _response(self, health: Mapping[str, bool]) -> Any:
         pb2 = self.pb2
@@ -187,39 +215,50 @@ class _HealthServiceBase:
                 device=pb2.DeviceIdentifier(pool_name=self.board.pool, device_name=name),
                 health=pb2.HEALTHY if ok else pb2.UNHEALTHY,
                 last_updated_time=self.board.updated.get(name, int(time.time())))
-            if self.details and not ok:
-                d.message = "no port of this HCA is up, or its device node is missing"
+            if self.details:
+                d.health_check_timeout_seconds = HEALTH_CHECK_TIMEOUT
+                if not ok:
+                    d.message = "no port of this HCA is up, or its device node is missing"
         return resp
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        async for health in self.board.follow():
+        await _check(context, "NodeWatchResources", request)
+        async for health in self.board.follow(self.resend):
             yield self._response(health)
 
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        pb2 = self.pb2
+        return lenient_service(_service_name(pb2, "DRAResourceHealth"), {
+            "NodeWatchResources": (self.NodeWatchResources, pb2.NodeWatchResourcesRequest,
+                                   pb2.NodeWatchResourcesResponse, True),
+        })
 
-class HealthServiceV1(_HealthServiceBase, health_v1_pb2_grpc.DRAResourceHealthServicer):
+
+class HealthServiceV1(_HealthServiceBase):
     pb2 = health_v1_pb2
 
 
-class HealthServiceV1beta1(_HealthServiceBase,
-                           health_v1beta1_pb2_grpc.DRAResourceHealthServicer):
+class HealthServiceV1beta1(_HealthServiceBase):
     pb2 = health_v1beta1_pb2
 
 
-class HealthServiceV1alpha1(_HealthServiceBase,
-                            health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+class HealthServiceV1alpha1(_HealthServiceBase):
     pb2 = health_v1alpha1_pb2
     details = False
 
 
-def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
-    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthServiceV1(board), server)
-    health_v1beta1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1beta1(board), server)
-    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthServiceV1alpha1(board), server)
+def add_dra_services(server: grpc.aio.Server, preparer: Preparer, board: HealthBoard,
+                     resend: float) -> None:
+    server.add_generic_rpc_handlers((
+        DraServiceV1(preparer).handler(), DraServiceV1beta1(preparer).handler(),
+        HealthServiceV1(board, resend).handler(), HealthServiceV1beta1(board, resend).handler(),
+        HealthServiceV1alpha1(board, resend).handler()))
 
 
 def add_registration_service(server: grpc.aio.Server, service: RegistrationService) -> None:
-    pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)
+    pb2 = pluginregistration_v1_pb2
+    server.add_generic_rpc_handlers((lenient_service(_service_name(pb2, "Registration"), {
+        "GetInfo": (service.GetInfo, pb2.InfoRequest, pb2.PluginInfo, False),
+        "NotifyRegistrationStatus": (service.NotifyRegistrationStatus, pb2.RegistrationStatus,
+                                     pb2.RegistrationStatusResponse, False),
+    }),))

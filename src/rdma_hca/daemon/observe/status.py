@@ -31,6 +31,7 @@ class DraStatus:
     registrations: int
     prepared_claims: int
     publish_error: str | None  # why the node's ResourceSlice could not be published
+    published: bool = True  # a slice was published since the driver started
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,8 @@ class Status:
         waiting = [p.resource for p in self.pools if not p.registered]
         if self.dra is not None and not self.dra.registered:
             waiting.append("the DRA driver (plugin watcher)")
+        if self.dra is not None and not self.dra.published:
+            waiting.append("the DRA driver's ResourceSlice (none published since start)")
         return tuple(waiting)
 
     def liveness(self, now: float) -> Liveness:

@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_hca.daemon.offer.env import NO_NCCL_ENV
@@ -46,28 +47,48 @@ def _node(dev: CharDevice) -> dict[str, str]:
     return {"path": dev.path, "hostPath": dev.path, "permissions": "rw"}
 
 
-def build_spec(hcas: Iterable[Hca], rdma_cm: CharDevice | None) -> dict[str, Any]:
-    usable = [h for h in hcas if h.usable]
-    devices: list[dict[str, Any]] = [
-        {
-            "name": cdi_name(h.name),
-            "containerEdits": {"deviceNodes": [_node(d) for d in h.device_nodes()]},
-        }
-        for h in usable
-    ]
-    devices.append({
-        "name": ALL_DEVICE,
-        "containerEdits": {
-            "deviceNodes": [_node(d) for h in usable for d in h.device_nodes()],
-            "env": [f"{k}={v}" for k, v in build_env(usable, NO_NCCL_ENV).variables],
-        },
-    })
-    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_VENDOR_CLASS,
-                            "devices": devices}
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    """One CDI device: its name, the device nodes and env it adds, what it says of itself."""
+
+    name: str
+    nodes: Sequence[CharDevice]
+    env: Sequence[str] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def make_spec(kind: str, devices: Iterable[CdiDevice], rdma_cm: CharDevice | None,
+              annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A CDI spec: the one builder of the device plugin's spec and of every claim's spec.
+
+    ``rdma_cm`` goes into the spec-wide edits: every RDMA container needs it, whichever
+    HCAs it gets. Annotations (CDI 0.6.0) let the driver read back what a spec is for.
+    """
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        edits: dict[str, Any] = {"deviceNodes": [_node(n) for n in d.nodes]}
+        if d.env:
+            edits["env"] = list(d.env)
+        entry: dict[str, Any] = {"name": d.name, "containerEdits": edits}
+        if d.annotations:
+            entry["annotations"] = dict(d.annotations)
+        out.append(entry)
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind, "devices": out}
+    if annotations:
+        spec["annotations"] = dict(annotations)
     if rdma_cm is not None:
-        # Every RDMA container needs rdma_cm, whichever HCAs it gets.
         spec["containerEdits"] = {"deviceNodes": [_node(rdma_cm)]}
     return spec
+
+
+def build_spec(hcas: Iterable[Hca], rdma_cm: CharDevice | None) -> dict[str, Any]:
+    """The device plugin's spec: one device per usable HCA, and ``all``."""
+    usable = [h for h in hcas if h.usable]
+    devices = [CdiDevice(cdi_name(h.name), h.device_nodes()) for h in usable]
+    devices.append(CdiDevice(
+        ALL_DEVICE, [d for h in usable for d in h.device_nodes()],
+        [f"{k}={v}" for k, v in build_env(usable, NO_NCCL_ENV).variables]))
+    return make_spec(CDI_VENDOR_CLASS, devices, rdma_cm)
 
 
 def write_spec(spec_dir: str, spec: dict[str, Any]) -> bool:

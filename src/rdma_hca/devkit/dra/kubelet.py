@@ -4,7 +4,10 @@ Like the kubelet it watches ``<root>/plugins_registry`` for sockets (names start
 a dot are ignored), calls ``GetInfo``, checks the plugin type and picks the newest DRA
 service it knows, then ``NotifyRegistrationStatus``; it calls NodePrepareResources and
 NodeUnprepareResources on the endpoint the plugin gave and holds the health stream open
-(reopening it every ``health_retry`` seconds when it ends). ``restart()`` is a kubelet
+(reopening it every ``health_retry`` seconds when it ends). As the 1.33+ kubelet does,
+several registration sockets may name one driver (a rolling update): the newest is the
+one called, and when its socket goes the kubelet goes back to the one registered before
+it, still there, without wiping the driver's slices. ``restart()`` is a kubelet
 restart: connections dropped, the registration sockets removed, and every ResourceSlice
 of the node deleted through the API server, as a starting kubelet does.
 """
@@ -74,6 +77,7 @@ class KubeletEvents:
     registered: list[str] = field(default_factory=list)  # driver names, in order
     refused: list[str] = field(default_factory=list)  # why a plugin was refused
     health: list[HealthUpdate] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # back to an older instance
 
 
 def _is_socket(path: str) -> tuple[int, int] | None:
@@ -98,7 +102,8 @@ class DraKubelet:
         self.health_retry = health_retry
         self.wipe_delay = wipe_delay
         self.services = tuple(services)
-        self.plugins: dict[str, Plugin] = {}  # by driver name
+        self.plugins: dict[str, Plugin] = {}  # by driver name: the one called
+        self.standby: dict[str, list[Plugin]] = {}  # registered before it, oldest first
         self.events = KubeletEvents()
         self.starts = 0
         self._seen: dict[str, tuple[int, int]] = {}
@@ -119,9 +124,10 @@ class DraKubelet:
         tasks = [t for t in (self._task, *self._wipes.values()) if t is not None]
         self._task = None
         self._wipes = {}
-        for p in list(self.plugins.values()):
+        for p in [*self.plugins.values(), *(q for ps in self.standby.values() for q in ps)]:
             await self._drop(p)
         self.plugins = {}
+        self.standby = {}
         self._seen = {}
         for t in tasks:
             t.cancel()
@@ -200,7 +206,9 @@ class DraKubelet:
                                 grpc.aio.insecure_channel("unix://" + info.endpoint,
                                                           options=_CHANNEL_OPTIONS))
                 old = self.plugins.pop(info.name, None)
-                if old is not None:
+                if old is not None and old.socket != socket:
+                    self.standby.setdefault(info.name, []).append(old)
+                elif old is not None:
                     await self._drop(old)
                 self.plugins[info.name] = plugin
                 wipe = self._wipes.pop(info.name, None)
@@ -225,11 +233,25 @@ class DraKubelet:
             await channel.close(None)
 
     async def _deregister(self, socket: str) -> None:
+        for name, waiting in list(self.standby.items()):
+            for p in [p for p in waiting if p.socket == socket]:
+                waiting.remove(p)
+                await self._drop(p)
+            if not waiting:
+                del self.standby[name]
         for name, p in list(self.plugins.items()):
             if p.socket == socket:
                 del self.plugins[name]
                 await self._drop(p)
-                if self.wipe_delay >= 0:
+                earlier = self.standby.get(name)
+                if earlier:
+                    # Back to the instance registered before: its slices stay.
+                    self.plugins[name] = earlier.pop()
+                    if not earlier:
+                        del self.standby[name]
+                    self.events.fallbacks.append(name)
+                    self._changed.set()
+                elif self.wipe_delay >= 0:
                     self._wipes[name] = asyncio.create_task(self._wipe_later(name))
 
     async def _drop(self, p: Plugin) -> None:

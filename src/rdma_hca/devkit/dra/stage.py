@@ -25,14 +25,15 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.reader import NodeReader
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.config import CdiConfig, DraConfig, Mode, Settings
 
 
 class DraStage:
     def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  env: EnvSettings | None = None, health_retry: float = 0.2,
-                 kubelet_wipes: bool = True, poll_seconds: float = 0.05,
+                 kubelet_wipes: bool = True, poll_seconds: float = 0.05, pod_uid: str = "",
+                 root: str | None = None,
                  config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
         self.node = node
         self.workdir = workdir
@@ -40,7 +41,9 @@ class DraStage:
         self._own_api = api is None
         self.api = api or FakeApiServer()
         # Unix socket paths are limited to 107 bytes: keep the kubelet root short.
-        self.root = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
+        self.pod_uid = pod_uid
+        self._own_root = root is None
+        self.root = root or tempfile.mkdtemp(prefix="dra-", dir="/tmp")
         self.cdi_dir = workdir / "cdi"
         self._mode = mode
         self._env = env or EnvSettings()
@@ -55,19 +58,17 @@ class DraStage:
         self._follow_task: asyncio.Task[None] | None = None
 
     def config(self) -> DriverConfig:
+        """The driver's view of the settings a daemon on this node would have."""
         kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
-        config = DriverConfig(
-            node_name=self.node_name,
-            plugins_registry_dir=f"{self.root}/plugins_registry",
-            plugins_dir=f"{self.root}/plugins",
-            cdi_spec_dir=str(self.cdi_dir),
-            mode=self._mode,
-            env=self._env,
-            checkpoint_path=str(self.workdir / "checkpoint.json"),
-            kubeconfig=str(kubeconfig),
-            socket_check_seconds=0.05,
-            read_deadline=5.0,
-        )
+        settings = Settings(
+            node_name=self.node_name, pod_uid=self.pod_uid, kubelet_root=self.root,
+            cdi=CdiConfig(spec_dir=str(self.cdi_dir)),
+            dra=DraConfig(enabled=True, mode=self._mode), nccl_env=self._env.nccl,
+            non_host_network=self._env.non_host_network,
+            read_deadline_seconds=5.0, device_plugin_enabled=False)
+        config = DriverConfig.from_settings(
+            settings, kubeconfig=str(kubeconfig),
+            checkpoint_path=str(self.workdir / "checkpoint.json"))
         return self._tune(config) if self._tune else config
 
     async def __aenter__(self) -> DraStage:
@@ -87,7 +88,8 @@ class DraStage:
             await self.kubelet.stop()
         if self._own_api:
             self.api.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     async def start_driver(self) -> DraDriver:
         driver = DraDriver(self.config())

@@ -1,0 +1,236 @@
+"""Which claims are prepared, kept on disk across restarts and shared between instances.
+
+The file is versioned and carries a checksum of its claims, so a file cut short or
+edited by hand is told from a good one; version 1 (no checksum) is read and written
+back as the current version. Two instances of the driver run side by side during a
+rolling update: both write this one file, always as read-modify-write under a lock
+(an open-file-description record lock on ``claims.lock``), so neither loses the
+other's claims. The same lock file holds one lock per claim, so a claim is prepared or
+unprepared by one instance at a time. Open-file-description locks (not the classic
+per-process ``lockf``) belong to the descriptor: they exclude two instances even
+within one process, and closing some other descriptor of the file drops none of them.
+Everything here blocks: the driver calls it off the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from rdma_hca.kit.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 2
+_FILE_LOCK = 0  # byte 0 of the lock file: the checkpoint itself; claims lock bytes 1..2^48
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    hca: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...] = field(default=())
+
+
+Claims = dict[str, PreparedClaim]
+
+
+class CheckpointError(ValueError):
+    """The checkpoint file exists but cannot be read as one."""
+
+
+def _claim_json(c: PreparedClaim) -> dict[str, object]:
+    return {"namespace": c.namespace, "name": c.name, "devices": [
+        {"request_names": list(d.request_names), "pool": d.pool, "device": d.device,
+         "hca": d.hca, "cdi_ids": list(d.cdi_ids)} for d in c.devices]}
+
+
+def _canonical(claims_json: object) -> str:
+    return json.dumps(claims_json, sort_keys=True, separators=(",", ":"))
+
+
+def checksum(claims_json: object) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(claims_json).encode()).hexdigest()
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> str:
+    """The file: the claims in canonical JSON, and the checksum of exactly that text."""
+    body = _canonical({uid: _claim_json(c) for uid, c in claims.items()})
+    digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+    return (f'{{"version": {CHECKPOINT_VERSION}, "checksum": "{digest}",\n'
+            f' "claims": {body}}}\n')
+
+
+def decode(text: str, path: str) -> tuple[Claims, int]:
+    """The claims in ``text`` and the version they were written in."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version not in (1, CHECKPOINT_VERSION):
+        raise CheckpointError(f"{path} is not a checkpoint of version 1 or "
+                              f"{CHECKPOINT_VERSION} (version {version!r})")
+    assert isinstance(raw, dict)
+    body = raw.get("claims", {})
+    if version == CHECKPOINT_VERSION and raw.get("checksum") != checksum(body):
+        raise CheckpointError(f"{path} does not match its checksum (cut short or edited)")
+    try:
+        claims = {
+            str(uid): PreparedClaim(
+                str(c["namespace"]), str(c["name"]),
+                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
+                                     d["hca"], tuple(d["cdi_ids"])) for d in c["devices"]))
+            for uid, c in body.items()
+        }
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path} has a malformed claim entry: {exc}") from exc
+    return claims, int(version)
+
+
+def load_checkpoint(path: str) -> tuple[Claims, int]:
+    """The claims on disk and their version; no file: none, of the current version."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}, CHECKPOINT_VERSION
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
+    return decode(text, path)
+
+
+def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:
+    write_atomic(path, encode(claims), mode=0o600)
+
+
+# struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock), padding.
+_FLOCK = "hhqqi4x"
+
+
+def _ofd_lock(fd: int, kind: int, offset: int, wait: bool) -> bool:
+    """Lock (or, with F_UNLCK, unlock) one byte; False when it is held elsewhere."""
+    op = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+    try:
+        fcntl.fcntl(fd, op, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0))
+    except (BlockingIOError, PermissionError):
+        return False
+    return True
+
+
+def claim_offset(uid: str) -> int:
+    """The byte of the lock file that stands for one claim (never the checkpoint's byte)."""
+    return 1 + int.from_bytes(hashlib.sha256(uid.encode()).digest()[:6], "big")
+
+
+FileId = tuple[int, int, int, int]
+
+
+def _file_id(path: str) -> FileId | None:
+    """Which version of the file is there: every write is a rename to a new inode."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
+class Checkpoint:
+    """The checkpoint file and its lock file; each method blocks (run it off the loop).
+
+    Threads of one instance share its descriptor, so its locks do not exclude them from
+    each other: updates also take a lock of this instance, and the driver never works
+    on one claim twice at a time.
+    """
+
+    def __init__(self, path: str, lock_path: str) -> None:
+        self.path = path
+        self.lock_path = lock_path
+        self._fd: int | None = None
+        self._local = threading.Lock()
+        self.written: FileId | None = None  # the version this instance wrote last
+        # The claims of the version last read or written: a file nobody else wrote since
+        # costs a stat, not a parse.
+        self._cache: tuple[FileId, Claims] | None = None
+
+    def open(self) -> None:
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.lock_path) or ".", exist_ok=True)
+            self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _lock_fd(self) -> int:
+        self.open()
+        assert self._fd is not None
+        return self._fd
+
+    def try_lock_claim(self, uid: str) -> bool:
+        """Take the claim's lock unless another instance holds it; True when taken."""
+        return _ofd_lock(self._lock_fd(), fcntl.F_WRLCK, claim_offset(uid), wait=False)
+
+    def unlock_claim(self, uid: str) -> None:
+        if self._fd is not None:
+            _ofd_lock(self._fd, fcntl.F_UNLCK, claim_offset(uid), wait=False)
+
+    def read(self) -> tuple[Claims, int]:
+        ident = _file_id(self.path)
+        if ident is not None and self._cache is not None and self._cache[0] == ident:
+            return dict(self._cache[1]), CHECKPOINT_VERSION
+        claims, version = load_checkpoint(self.path)
+        if ident is not None and version == CHECKPOINT_VERSION:
+            self._cache = (ident, dict(claims))
+        return claims, version
+
+    def written_by_another(self) -> bool:
+        """The file is not the version this instance wrote last."""
+        return _file_id(self.path) != self.written
+
+    def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
+               *, force: bool = False) -> Claims:
+        """Read the file under the lock, apply ``change``, write it back; the new claims.
+
+        What another instance wrote since we last looked is kept. A file that cannot be
+        read is replaced by ``fallback`` (what this instance knows) with the change. The
+        file is written only when the claims changed, unless ``force`` (a migration).
+        """
+        with self._local:
+            fd = self._lock_fd()
+            _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK, wait=True)
+            try:
+                try:
+                    claims, _ = self.read()
+                except CheckpointError as exc:
+                    log.warning("%s; writing it anew from the claims this instance knows", exc)
+                    claims = dict(fallback)
+                before = dict(claims)
+                change(claims)
+                if force or claims != before:
+                    save_checkpoint(self.path, claims)
+                    self.written = _file_id(self.path)
+                    if self.written is not None:
+                        self._cache = (self.written, dict(claims))
+                return claims
+            finally:
+                _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK, wait=False)

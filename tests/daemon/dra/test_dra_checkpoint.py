@@ -1,0 +1,181 @@
+"""The checkpoint: nothing left behind by a failed Prepare, rebuilt from our CDI specs,
+versioned with a checksum, today's (version 1) file migrated."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dra_support import DRIVER, NODE
+
+from rdma_hca.daemon.dra.checkpoint import (
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    PreparedClaim,
+    PreparedDevice,
+    decode,
+    encode,
+)
+from rdma_hca.devkit.dra.apiserver import FakeApiServer
+from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.sim import nodes as sim
+
+
+def _result(device: str, request: str = "hca") -> dict[str, str]:
+    return {"request": request, "driver": DRIVER, "pool": NODE, "device": device}
+
+
+def _specs(stage: DraStage) -> list[str]:
+    return sorted(os.listdir(stage.cdi_dir)) if stage.cdi_dir.exists() else []
+
+
+def _claim_gets(api: FakeApiServer) -> int:
+    return sum(1 for r in api.requests if r.method == "GET" and "/resourceclaims/" in r.path)
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str = "256k") -> Iterator[Path]:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                           str(where)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): "
+                    "the test needs CAP_SYS_ADMIN")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def _fill(directory: Path) -> None:
+    """Write until the filesystem has no byte left."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    probe = os.open(directory / "probe", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(OSError) as err:
+            os.write(probe, b"x")
+        assert err.value.errno == errno.ENOSPC
+    finally:
+        os.close(probe)
+
+
+def test_todays_format_is_read_and_the_new_one_checks_itself() -> None:
+    device = PreparedDevice(("hca",), NODE, "mlx5-0", "mlx5_0", (f"{DRIVER}/claim=u-mlx5-0",))
+    claims = {"u": PreparedClaim("ns", "c", (device,))}
+    v1 = json.dumps({"version": 1, "claims": {"u": {
+        "namespace": "ns", "name": "c", "devices": [{
+            "request_names": ["hca"], "pool": NODE, "device": "mlx5-0", "hca": "mlx5_0",
+            "cdi_ids": [f"{DRIVER}/claim=u-mlx5-0"]}]}}})
+    assert decode(v1, "cp") == (claims, 1)
+    text = encode(claims)
+    assert decode(text, "cp") == (claims, CHECKPOINT_VERSION)
+    edited = text.replace('"name":"c"', '"name":"d"')
+    assert edited != text
+    with pytest.raises(CheckpointError, match="checksum"):
+        decode(edited, "cp")
+    with pytest.raises(CheckpointError, match="version"):
+        decode(json.dumps({"version": 7, "claims": {}}), "cp")
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+async def test_a_prepare_that_cannot_write_its_checkpoint_leaves_nothing(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer, fault: str) -> None:
+    with small_tmpfs(tmp_path / "state") as state:
+        tune = lambda c: dataclasses.replace(  # noqa: E731
+            c, checkpoint_path=str(state / "checkpoint.json"))
+        async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
+            assert s.kubelet is not None and s.driver is not None and await s.registered()
+            kept = api.add_claim("ns", "kept", [_result("mlx5-0")])
+            assert (await s.kubelet.prepare(DRIVER, [("ns", kept, "kept")])).claims[kept] \
+                .error == ""
+            before = (state / "checkpoint.json").read_text()
+            if fault == "full":
+                _fill(state)
+            else:
+                subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+            uid = api.add_claim("ns", "c", [_result("mlx5-1")])
+            resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
+            error = resp.claims[uid].error
+            assert "cannot write the CDI spec or the checkpoint" in error
+            assert ("No space left" if fault == "full" else "Read-only") in error
+            assert _specs(s) == [f"{DRIVER}-claim-{kept}.json"]  # no orphan spec
+            assert (state / "checkpoint.json").read_text() == before  # no entry
+            assert uid not in s.driver.prepared
+            if fault == "read-only":
+                subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+            else:
+                (state / "filler").unlink()
+                (state / "probe").unlink(missing_ok=True)
+            # Once the disk is back the kubelet's retry works.
+            resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
+            assert resp.claims[uid].error == ""
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "lost"])
+async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    async with DraStage(dra_node, tmp_path / "s", api=api) as s:
+        assert s.kubelet is not None and s.driver is not None and await s.registered()
+        uids = [api.add_claim("ns", f"c{i}", [_result(f"mlx5-{i}", f"r{i}")]) for i in range(2)]
+        first = await s.kubelet.prepare(DRIVER, [("ns", u, f"c{i}") for i, u in enumerate(uids)])
+        prepared = dict(s.driver.prepared)
+        path = Path(s.driver.config.checkpoint)
+        await s.stop_driver()
+        if damage == "corrupt":
+            path.write_text(path.read_text().replace('"c0"', '"cX"'))  # checksum no longer fits
+        else:
+            path.unlink()
+        with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.claims"):
+            await s.start_driver()
+        assert await s.registered(2)
+        assert dict(s.driver.prepared) == prepared
+        said = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+        assert len(said) == 1 and "rebuilt 2 prepared claim(s)" in said[0]
+        if damage == "corrupt":
+            assert "checksum" in said[0] and Path(str(path) + ".corrupt").exists()
+        claims, version = decode(path.read_text(), str(path))
+        assert version == CHECKPOINT_VERSION and claims == prepared
+        gets = _claim_gets(api)
+        again = await s.kubelet.prepare(DRIVER, [("ns", u, f"c{i}") for i, u in enumerate(uids)])
+        assert again == first and _claim_gets(api) == gets
+
+
+async def test_a_version_1_checkpoint_is_migrated(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    work = tmp_path / "s"
+    work.mkdir()
+    uid = "0a1b2c3d-0000-4000-8000-000000000001"
+    cdi_id = f"{DRIVER}/claim={uid}-mlx5-3"
+    (work / "checkpoint.json").write_text(json.dumps({"version": 1, "claims": {uid: {
+        "namespace": "ns", "name": "old", "devices": [{
+            "request_names": ["hca"], "pool": NODE, "device": "mlx5-3", "hca": "mlx5_3",
+            "cdi_ids": [cdi_id]}]}}}, indent=1, sort_keys=True) + "\n")
+    with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.claims"):
+        async with DraStage(dra_node, work, api=api) as s:
+            assert s.kubelet is not None and await s.registered()
+            resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "old")])
+            assert resp.claims[uid].error == ""
+            assert [list(d.cdi_device_ids) for d in resp.claims[uid].devices] == [[cdi_id]]
+            assert _claim_gets(api) == 0  # from the migrated checkpoint
+    assert any("migrated from version 1 to 2" in r.getMessage() for r in caplog.records)
+    data = json.loads((work / "checkpoint.json").read_text())
+    assert data["version"] == CHECKPOINT_VERSION and data["checksum"].startswith("sha256:")
