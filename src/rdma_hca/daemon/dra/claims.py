@@ -36,6 +36,7 @@ from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.config import Mode
@@ -155,7 +156,7 @@ class ClaimKeeper:
         self._lock_users: dict[str, int] = {}
         self._device_locks: dict[str, asyncio.Lock] = {}
         self._hooks: dict[str, asyncio.Task[None]] = {}
-        self._hook_said: set[str] = set()
+        self._hook_said = Once()
         self._tasks: list[asyncio.Task[None]] = []
         self.foreign_writes = 0  # checkpoint writes by another instance seen
 
@@ -482,8 +483,7 @@ class ClaimKeeper:
             except Exception as exc:
                 self.hook_failures += 1
                 reason = f"{what}: {type(exc).__name__}: {exc}"
-                if reason not in self._hook_said:
-                    self._hook_said.add(reason)
+                if self._hook_said.first(reason):
                     log.warning("claim %s: the %s hook failed (%s); the claim stays prepared",
                                 uid, what, reason)
             finally:

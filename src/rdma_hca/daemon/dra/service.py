@@ -8,7 +8,6 @@ INVALID_ARGUMENT and one throttled line, never a gRPC traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -26,7 +25,7 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2,
 )
 from rdma_hca.daemon.dra.claims import ClaimRef, PrepareResult
-from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.broadcast import Broadcast
 from rdma_hca.kit.unixserver import Malformed, Throttle, lenient_service
 
 log = logging.getLogger(__name__)
@@ -153,30 +152,35 @@ class DraServiceV1beta1(_DraServiceBase):
 
 
 class HealthBoard:
-    """The devices' health as the streams send it; every change wakes every stream."""
+    """The devices' health as the streams send it: a broadcast value (``kit.broadcast``),
+    so every stream follows it at its own pace and a change wakes every stream."""
 
     def __init__(self, pool: str) -> None:
         self.pool = pool
-        self.health: dict[str, bool] = {}
+        self._health: Broadcast[dict[str, bool]] = Broadcast({})
         self.updated: dict[str, int] = {}
-        self.version = 0
-        self._next = asyncio.Event()  # set, and replaced, at every change
         self.streams = 0
         self.resends = 0  # messages sent again without a change
 
+    @property
+    def health(self) -> dict[str, bool]:
+        return self._health.value
+
+    @property
+    def version(self) -> int:
+        return self._health.generation
+
     async def set(self, health: Mapping[str, bool]) -> bool:
-        if dict(health) == self.health:
+        new = dict(health)
+        old = self._health.value
+        if new == old:
             return False
         now = int(time.time())
-        for name, ok in health.items():
-            if self.health.get(name) != ok:
+        for name, ok in new.items():
+            if old.get(name) != ok:
                 self.updated[name] = now
-        self.health = dict(health)
-        self.updated = {n: t for n, t in self.updated.items() if n in self.health}
-        self.version += 1
-        changed, self._next = self._next, asyncio.Event()
-        changed.set()
-        return True
+        self.updated = {n: t for n, t in self.updated.items() if n in new}
+        return self._health.publish(new)
 
     async def follow(self, resend: float | None = None) -> AsyncIterator[dict[str, bool]]:
         """The current health at once, then after every change, until cancelled.
@@ -189,10 +193,8 @@ class HealthBoard:
         self.streams += 1
         try:
             while True:
-                if self.version == seen:
-                    changed = await wait_event(self._next, resend)
-                    if not changed:
-                        self.resends += 1
+                if self.version == seen and await self._health.wait_newer(seen, resend) == seen:
+                    self.resends += 1
                 seen = self.version
                 yield dict(self.health)
         finally:
