@@ -321,9 +321,7 @@ def test_usage_errors_exit_2(
 
 
 def test_label_selector_as_sent_to_the_api_server() -> None:
-    from lightkube.core.selector import build_selector
-
-    from rdma_hca.tools.doctor.kubeapi import label_filter
+    from rdma_hca.kube.credentials import label_selector
 
     selector = {
         "matchLabels": {"b": "2", "a": "1"},
@@ -334,5 +332,5 @@ def test_label_selector_as_sent_to_the_api_server() -> None:
             {"key": "cpu-only", "operator": "DoesNotExist"},
         ],
     }
-    assert build_selector(label_filter(selector)) == (
+    assert label_selector(selector) == (
         "a=1,b=2,tier in (x,y),zone notin (z),rdma,!cpu-only")
