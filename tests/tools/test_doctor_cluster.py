@@ -9,17 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakeapi import (
-    CREATED,
-    TOKEN,
-    FakeCluster,
-    daemonset,
-    node,
-    pod,
-    serve,
-    write_kubeconfig,
-)
 
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import CREATED, daemonset, node, pod
 from rdma_hca.tools.doctor import main
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)

@@ -12,20 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakeapi import (
+
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import (
     CREATED,
-    TOKEN,
-    FakeCluster,
     daemonset,
     device_class,
     dra_device,
     node,
     pod,
     resource_slice,
-    serve,
-    write_kubeconfig,
 )
-
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.slices import selects_driver
 

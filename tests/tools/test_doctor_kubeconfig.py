@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakeapi import TOKEN, FakeCluster, daemonset, node, pod, serve, write_kubeconfig
 
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import daemonset, node, pod
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.kubeapi import (
     ConfigError,

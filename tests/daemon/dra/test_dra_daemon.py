@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.config import ConfigError, DraConfig, PoolConfig, Selectors, Settings

@@ -7,8 +7,8 @@ from typing import Any
 
 from dra_support import DRIVER, NODE
 
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.settings.config import Mode
 
