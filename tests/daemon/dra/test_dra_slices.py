@@ -76,20 +76,23 @@ async def test_exclusive_mode_devices_are_not_shared(
         assert all("allowMultipleAllocations" not in d for d in s.devices().values())
 
 
-async def test_port_down_taints_the_device_bumps_the_generation_and_reports_health(
+async def test_port_down_taints_the_device_in_one_write_and_reports_health(
         stage: DraStage, dra_node: sim.SimNode) -> None:
     assert stage.kubelet is not None
     events = stage.kubelet.events.health
     assert await stage.until(lambda: bool(events))
     assert events[-1].devices[f"{NODE}/mlx5-2"] == "HEALTHY"
 
+    writes = len(stage.api.writes())
     dra_node.set_port("mlx5_2", up=False)
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-2", {}))
     d = stage.devices()["mlx5-2"]
     assert d["taints"] == [{"key": f"{DRIVER}/link-down", "value": "down",
                             "effect": "NoSchedule"}]
     assert _attr(d, f"{DRIVER}/linkState") == "down"
-    assert _generation(stage) == 2
+    # The one slice is replaced in place, no LIST first; one write, the generation kept.
+    assert [w.method for w in stage.api.writes()[writes:]] == ["PUT"]
+    assert _generation(stage) == 1
     assert "taints" not in stage.devices()["mlx5-1"]
     assert await stage.until(lambda: events[-1].devices.get(f"{NODE}/mlx5-2") == "UNHEALTHY")
     assert events[-1].devices[f"{NODE}/mlx5-1"] == "HEALTHY"
@@ -97,7 +100,7 @@ async def test_port_down_taints_the_device_bumps_the_generation_and_reports_heal
     dra_node.set_port("mlx5_2", up=True)
     assert await stage.until(lambda: "taints" not in stage.devices().get("mlx5-2", {"taints": 1}))
     assert _attr(stage.devices()["mlx5-2"], f"{DRIVER}/linkState") == "up"
-    assert _generation(stage) == 3
+    assert _generation(stage) == 1
     assert await stage.until(lambda: events[-1].devices.get(f"{NODE}/mlx5-2") == "HEALTHY")
 
 
@@ -105,7 +108,7 @@ async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: sim.SimNod
     dra_node.remove_hca("mlx5_1")
     assert await stage.until(lambda: "mlx5-1" not in stage.devices())
     assert sorted(stage.devices()) == ["mlx5-0", "mlx5-2", "mlx5-3", "mlx5-bond-0"]
-    assert _generation(stage) == 2
+    assert _generation(stage) == 1  # one slice rewritten: no need to bump
 
 
 async def test_unchanged_inventory_writes_nothing(stage: DraStage, dra_node: sim.SimNode) -> None:

@@ -24,7 +24,7 @@ from rdma_hca.daemon.dra import files
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.files import PreparedClaim, PreparedDevice
-from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
+from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import (
     ClaimRef,
     HealthBoard,
@@ -34,7 +34,6 @@ from rdma_hca.daemon.dra.service import (
     add_registration_service,
 )
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
-from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
@@ -123,7 +122,8 @@ class DraDriver:
         if self._api is None:
             self._api = await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline)
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
-                                        self.config.node_name, self.config.pool_name)
+                                        self.config.node_name, self.config.pool_name,
+                                        resync=self.config.resync_seconds)
         if inventory is not None:
             await self.update(inventory)
         await self._serve()
@@ -246,49 +246,7 @@ class DraDriver:
 
     async def _publish_loop(self) -> None:
         assert self.publisher is not None
-        backoff = BACKOFF_FIRST
-        resync = self.config.resync_seconds or None
-        while not self._stopping:
-            if not await wait_event(self._wake, resync):
-                self._check = True
-            self._wake.clear()
-            check, self._check = self._check, False
-            self._publishing = True
-            try:
-                await self.publisher.publish(self.offer, check=check)
-            except KubeApiError as exc:
-                if exc.status == 422 and "taints" in str(exc) and self.taints:
-                    log.warning("the API server refuses device taints (DRADeviceTaints off?); "
-                                "marking down HCAs only by their linkState attribute")
-                    self.taints = False
-                    self._rebuild()
-                    self._check = True
-                    self._wake.set()
-                    continue
-                message = str(exc)
-                if message != self.publish_error:
-                    log.error("cannot publish the ResourceSlice: %s; retrying", message)
-                self.publish_error = message
-                self._check = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                self._wake.set()
-                continue
-            except Exception:
-                log.exception("publishing the ResourceSlice failed; retrying")
-                self._check = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                self._wake.set()
-                continue
-            finally:
-                self._publishing = False
-            if self.publish_error is not None:
-                log.info("ResourceSlice published again")
-            self.publish_error = None
-            backoff = BACKOFF_FIRST
-            self.publish_passes += 1
-            self.published.set()
+        await self.publisher.run(self)
 
     # --- prepare / unprepare ---------------------------------------------------------------
 

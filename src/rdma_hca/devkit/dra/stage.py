@@ -72,6 +72,8 @@ class DraStage:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._own_api:
             self.api.start()
+        if not any(n["metadata"]["name"] == self.node_name for n in self.api.cluster.nodes):
+            self.api.add_node(self.node_name)  # the Node object the slices are owned by
         self.kubelet = DraKubelet(self.root, self.node_name,
                                   api_url=self.api.url if self._kubelet_wipes else None,
                                   api_token=self.api.token, health_retry=self._health_retry)

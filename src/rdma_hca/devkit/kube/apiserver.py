@@ -312,6 +312,13 @@ class FakeApiServer:
         uid: str = claim["metadata"]["uid"]
         return uid
 
+    def touch(self, resource: str, namespace: str, name: str) -> str:
+        """Another writer updated the object: a new resourceVersion; returns it."""
+        with self._lock:
+            obj = self._find(self._store(resource), namespace, name)
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            return str(obj["metadata"]["resourceVersion"])
+
     def delete(self, resource: str, namespace: str, name: str) -> None:
         with self._lock:
             items = self._store(resource)
