@@ -43,7 +43,8 @@ def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings
     base: dict[str, object] = {
         "sysfs_root": str(node.sysfs_root), "dev_root": str(node.dev_root),
         "kubelet_root": root, "node_name": NODE, "metrics_address": "127.0.0.1:0",
-        "device_plugin_enabled": False, "dra": DraConfig(enabled=True),
+        "device_plugin_enabled": False,
+        "dra": DraConfig(enabled=True, start_jitter_seconds=0),
     }
     base.update(kw)
     settings = Settings(**base)  # type: ignore[arg-type]
@@ -115,7 +116,7 @@ async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
         sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
         "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
         "--kubelet-root", kubelet_root, "--metrics-address", "",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        "--dra-start-jitter-seconds", "0", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         assert await kubelet.wait_registered(DRIVER, timeout=20.0)
         assert await wait_until(lambda: len(api.slices(NODE)) == 1, 10.0)

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rdma_hca.settings.config import Mode, Selectors
+from rdma_hca.settings.model import (
+    DEFAULT_API_BURST,
+    DEFAULT_API_QPS,
+    DEFAULT_DRA_START_JITTER_SECONDS,
+)
 
 if TYPE_CHECKING:
     from rdma_hca.settings.model import Settings
@@ -44,6 +49,12 @@ class DriverConfig:
     """Taint the device of an HCA whose ports are all down (needs DRADeviceTaints)."""
     resync_seconds: float = 60.0
     """Check the published slice against the API server this often (0: only on events)."""
+    start_jitter_seconds: float = DEFAULT_DRA_START_JITTER_SECONDS
+    """The first publish waits a random part of this (a fleet restarting spreads out)."""
+    api_qps: float = DEFAULT_API_QPS
+    """The API client's rate limit: requests a second after the burst."""
+    api_burst: int = DEFAULT_API_BURST
+    """Requests the API client may send at once."""
     socket_check_seconds: float = 0.5
     """How often to check that our sockets still exist (a kubelet may wipe its directories)."""
     kubeconfig: str | None = None
@@ -62,6 +73,10 @@ class DriverConfig:
             "nccl_env": settings.nccl_env,
             "read_deadline": settings.read_deadline_seconds,
             "selectors": settings.dra.selectors,
+            "resync_seconds": settings.dra.resync_seconds,
+            "start_jitter_seconds": settings.dra.start_jitter_seconds,
+            "api_qps": settings.dra.api_qps,
+            "api_burst": settings.dra.api_burst,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]

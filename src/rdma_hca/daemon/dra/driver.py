@@ -120,10 +120,13 @@ class DraDriver:
         self._stopping = False
         await self._load_checkpoint()
         if self._api is None:
-            self._api = await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline)
+            self._api = await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline,
+                                               qps=self.config.api_qps,
+                                               burst=self.config.api_burst)
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
                                         self.config.node_name, self.config.pool_name,
-                                        resync=self.config.resync_seconds)
+                                        resync=self.config.resync_seconds,
+                                        start_jitter=self.config.start_jitter_seconds)
         if inventory is not None:
             await self.update(inventory)
         await self._serve()

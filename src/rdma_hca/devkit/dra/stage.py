@@ -65,6 +65,7 @@ class DraStage:
             kubeconfig=str(kubeconfig),
             socket_check_seconds=0.05,
             read_deadline=5.0,
+            start_jitter_seconds=0.0,
         )
         return self._tune(config) if self._tune else config
 
