@@ -116,7 +116,8 @@ async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
         sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
         "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
         "--kubelet-root", kubelet_root, "--metrics-address", "",
-        "--dra-start-jitter-seconds", "0", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        "--dra-start-jitter-seconds", "0",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         assert await kubelet.wait_registered(DRIVER, timeout=20.0)
         assert await wait_until(lambda: len(api.slices(NODE)) == 1, 10.0)
