@@ -35,3 +35,8 @@ def test_bench_measures_both_figures() -> None:
     assert math.isfinite(prepare.ours) and prepare.ours > 0 and prepare.baseline > 0
     port = figures["dra_port_down_slice_ms"]
     assert port.ours is not None and port.ours > 0, port.note
+    # The API cost figures are counts from the fake API server.
+    for key in ("dra_requests_per_slice_write", "dra_idle_requests_per_node_minute",
+                "dra_flap_slice_writes_30s", "dra_flap_settle_ms"):
+        assert figures[key].ours is not None, figures[key].note
+    assert figures["dra_requests_per_slice_write"].ours == 1.0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
@@ -188,3 +191,24 @@ async def test_api_server_errors_are_retried_never_fatal(
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-0", {}))
     # The slice lands on the server just before the driver hears back; then it is clear.
     assert await stage.until(lambda: driver.publish_error is None)
+
+
+@pytest.mark.slow
+async def test_a_flapping_port_is_damped_and_its_last_state_published(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    assert stage.driver is not None and stage.driver.publisher is not None
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
+    spacing = stage.driver.publisher.damper.spacing
+    writes = len(stage.api.writes())
+    up, flips = True, 0
+    while flips < 60:  # 6 s of a port flapping every 100 ms
+        up = not up
+        dra_node.set_port("mlx5_2", up=up)
+        flips += 1
+        await asyncio.sleep(0.1)
+    # At most the first write, then one per spacing (counted, whatever the machine's speed).
+    assert len(stage.api.writes()) - writes <= 1 + math.ceil(6.0 / spacing)
+    assert await stage.until(lambda: ("taints" in stage.devices()["mlx5-2"]) == (not up))
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle
+                             and stage.driver.offer.digest
+                             == stage.driver.publisher.published_digest)  # type: ignore[union-attr]

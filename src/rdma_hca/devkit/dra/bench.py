@@ -1,4 +1,5 @@
-"""DRA figures for ``make bench``: NodePrepareResources latency, port down -> slice updated.
+"""DRA figures for ``make bench``: NodePrepareResources latency, port down -> slice updated,
+and what the driver costs the API server (``bench_api``).
 
 Both run the real driver on a DraStage (simulated node, fake API server over HTTP,
 kubelet emulator over unix sockets), in this process.
@@ -27,6 +28,7 @@ import grpc
 
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
+from rdma_hca.devkit.dra.bench_api import API_SPECS, api_figures
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.settings.config import Settings
@@ -38,7 +40,7 @@ DRA_PREPARE = Spec("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)
                    baseline_label="bare grpc.aio servicer")
 DRA_PORT_DOWN = Spec("dra_port_down_slice_ms", "port down → slice tainted (max)", "ms",
                      Target(1000.0))
-DRA_SPECS = [DRA_PREPARE, DRA_PORT_DOWN]
+DRA_SPECS = [DRA_PREPARE, DRA_PORT_DOWN, *API_SPECS]
 
 
 class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
@@ -133,6 +135,7 @@ async def dra_figures(quick: bool) -> list[Figure]:
         return [
             await prepare_latency(Path(tmp) / "prepare", 30 if quick else 300),
             await port_down_latency(Path(tmp) / "port", 3 if quick else 10),
+            *await api_figures(Path(tmp) / "api", quick),
         ]
 
 
