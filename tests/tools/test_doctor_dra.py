@@ -277,6 +277,34 @@ def test_dra_only_node_without_the_extended_resource_passes(
             "through DRA only") in out
 
 
+def test_node_moved_from_the_device_plugin_to_dra_is_not_unhealthy(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The kubelet keeps the device plugin's count at 0 allocatable; the pod runs DRA alone.
+    cluster.nodes[1] = node("e01-cn-b", hca="1k", allocatable="0")
+    cluster.pods[1] = pod("ack-rdma-dp-ds-9fzlm", "e01-cn-b",
+                          env={"RDMA_HCA_DEVICE_PLUGIN_ENABLED": "false"})
+    assert doctor(kubeconfig, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert ("✓ node e01-cn-b: rdma/hca advertised: capacity 1k at 0 allocatable is left from "
+            "the device plugin (the kubelet keeps it); the node now offers its HCAs through "
+            "DRA") in out
+    assert "/status/capacity/rdma~1hca" in out
+    assert "unhealthy" not in out
+
+
+def test_zero_allocatable_with_the_device_plugin_running_is_still_unhealthy(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.nodes[1] = node("e01-cn-b", hca="1k", allocatable="0")
+    cluster.pods[1] = pod("ack-rdma-dp-ds-9fzlm", "e01-cn-b",
+                          env={"RDMA_HCA_DEVICE_PLUGIN_ENABLED": "true"})
+    assert doctor(kubeconfig, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "✗ node e01-cn-b: rdma/hca advertised: allocatable 0 < capacity 1k: some HCA is " \
+           "unhealthy" in out
+
+
 def test_json_carries_the_slice_facts(
     cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -73,7 +73,7 @@ def daemonset(*, desired: int, ready: int, node_selector: dict[str, str] | None 
 
 
 def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = None,
-        namespace: str = "kube-system") -> dict[str, Any]:
+        namespace: str = "kube-system", env: dict[str, str] | None = None) -> dict[str, Any]:
     state: dict[str, Any] = {"running": {"startedAt": CREATED}}
     if waiting:
         state = {"waiting": {"reason": waiting, "message": "back-off restarting"}}
@@ -86,7 +86,9 @@ def pod(name: str, node_name: str, *, ready: bool = True, waiting: str | None = 
                                  "name": "ack-rdma-dp-ds", "uid": "uid-ds", "controller": True}],
         },
         "spec": {"nodeName": node_name, "hostNetwork": True,
-                 "containers": [{"name": "rdma-hca", "image": "rdma-hca:0.1.0"}]},
+                 "containers": [{"name": "rdma-hca", "image": "rdma-hca:0.1.0",
+                                 **({"env": [{"name": k, "value": v} for k, v in env.items()]}
+                                    if env else {})}]},
         "status": {
             "phase": "Running",
             "conditions": [
