@@ -3,6 +3,9 @@ against the fake API server, with devices made up for each case."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +183,46 @@ def test_a_flapping_port_is_written_at_most_every_spacing() -> None:
     assert len([w for w in writes if w[0] <= 30]) <= 15
     last_change = changes[-1][0]
     assert writes[-1][1] == changes[-1][1] and writes[-1][0] - last_change <= 3
+
+
+class Host:
+    """The driver's side of the publishing loop, reduced to its state."""
+
+    def __init__(self, offer: Offer) -> None:
+        self.offer = offer
+        self.taints = True
+        self.publish_error: str | None = None
+        self.publish_passes = 0
+        self.published = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._wake.set()
+        self._check = True
+        self._publishing = False
+        self._stopping = False
+
+    def _rebuild(self) -> None:
+        pass
+
+
+async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
+        api: FakeApiServer, client: SliceApi) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, start_jitter=8.0, sleep=sleep,
+                               rng=random.Random(7))
+    host = Host(offer([dev(0)]))
+    api.fail(500, path="/resourceslices")  # the first LIST fails: backoff, then again
+    task = asyncio.create_task(publisher.run(host))
+    try:
+        assert await asyncio.wait_for(host.published.wait(), 10)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert 0 <= waits[0] <= 8.0 and waits[0] == random.Random(7).uniform(0, 8.0)
+    assert 0.1 <= waits[1] <= 0.2  # the backoff after the 500
+    assert [s["spec"]["devices"] for s in mine(api)] == [[dev(0)]]
+    assert host.publish_error is None and host.publish_passes == 1

@@ -33,14 +33,14 @@ import logging
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rdma_hca.daemon.dra.devices import DEVICES_HASH_ANNOTATION, Offer
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.policy import Backoff, jittered
+from rdma_hca.kube.policy import Backoff, Sleep, jittered
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,8 @@ class SlicePublisher:
     def __init__(self, client: SliceClient, driver: str, node: str, pool: str, *,
                  resync: float = DEFAULT_RESYNC, resync_jitter: float = DEFAULT_RESYNC_JITTER,
                  start_jitter: float = 0.0, spacing: float = DEFAULT_SPACING,
-                 clock: Any = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 rng: random.Random | None = None) -> None:
         self.client = client
         self.driver = driver
         self.node = node
@@ -160,6 +161,7 @@ class SlicePublisher:
         self.start_jitter = start_jitter
         self.damper = Damper(spacing)
         self._clock = clock
+        self._sleep = sleep
         self._rng = rng or random.Random()
         self.known: dict[int, Known] = {}
         self.generation = 0
@@ -348,7 +350,7 @@ class SlicePublisher:
         """Publish whenever the host's offer changes or a check is due, until it stops."""
         if self.start_jitter > 0:
             # A fleet restarting at once (an upgrade, a control plane back) spreads out.
-            await asyncio.sleep(self._rng.uniform(0, self.start_jitter))
+            await self._sleep(self._rng.uniform(0, self.start_jitter))
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX, rng=self._rng)
         while not host._stopping:
             interval = jittered(self.resync, self.resync_jitter, self._rng) \
@@ -359,7 +361,7 @@ class SlicePublisher:
             if hold > 0:
                 # Changes arriving meanwhile join this pass: a flapping port costs one
                 # write per spacing, and its last state is what goes out.
-                await asyncio.sleep(hold)
+                await self._sleep(hold)
             host._wake.clear()
             check, host._check = host._check, False
             host._publishing = True
@@ -397,5 +399,5 @@ class SlicePublisher:
 
     async def _retry_later(self, host: PublishHost, backoff: Backoff) -> None:
         host._check = True
-        await asyncio.sleep(backoff.next())
+        await self._sleep(backoff.next())
         host._wake.set()
