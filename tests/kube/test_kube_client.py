@@ -104,6 +104,20 @@ async def test_a_hung_request_ends_at_its_deadline(
         await client.close()
 
 
+async def test_retries_end_at_the_call_deadline(api: FakeApiServer, tmp_path: Path) -> None:
+    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
+                             context=None, env={}, home=tmp_path)
+    client = ApiClient(creds, ClientPolicy(timeout=5, budget=0.4))
+    api.reset(method="GET")  # retried at once (a reset GET)...
+    api.hang(30)  # ...into a hang: the exchange gets what is left of the 0.4 s, not 5 s
+    try:
+        with pytest.raises(UnreachableError, match=r"no answer within 0\.[0-4]"):
+            await client.get(NODES)
+    finally:
+        await client.close()
+    assert api.count("GET", NODES) == 2
+
+
 async def test_status_errors_are_typed(api: FakeApiServer, client: ApiClient) -> None:
     with pytest.raises(NotFoundError, match="HTTP 404"):
         await client.get(f"{NODES}/nope")

@@ -116,7 +116,9 @@ class ApiClient:
         attempt = 0
         while True:
             await self.limiter.take()
-            outcome, wait = await self._once(method, path, body, params, content_type)
+            # One exchange never outlives the call's deadline.
+            limit = max(0.05, min(self.policy.timeout, deadline - self._clock()))
+            outcome, wait = await self._once(method, path, body, params, content_type, limit)
             if isinstance(outcome, dict):
                 return outcome
             error = outcome
@@ -131,7 +133,7 @@ class ApiClient:
             await self._sleep(wait)
 
     async def _once(self, method: str, path: str, body: Any, params: Mapping[str, str] | None,
-                    content_type: str | None
+                    content_type: str | None, limit: float
                     ) -> tuple[dict[str, Any] | KubeError, float | None]:
         """The answer, or (error, None when not to retry / seconds to wait / 0: backoff)."""
         import httpx2
@@ -149,10 +151,9 @@ class ApiClient:
             resp = await asyncio.wait_for(
                 self._http.request(method, path, content=content, params=params,
                                    headers=headers),
-                self.policy.timeout)
+                limit)
         except (TimeoutError, httpx2.TimeoutException):
-            return UnreachableError(f"{method} {url}: no answer within "
-                                    f"{self.policy.timeout:g} s"), None
+            return UnreachableError(f"{method} {url}: no answer within {limit:.3g} s"), None
         except httpx2.TransportError as exc:
             error = _unreachable(exc, self.creds)
             reset = isinstance(exc, httpx2.RemoteProtocolError) or isinstance(
