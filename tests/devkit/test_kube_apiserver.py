@@ -136,3 +136,13 @@ async def test_requests_are_counted_by_verb_and_path(
     await client.get(SLICES)
     await client.get(SLICES)
     assert api.counts()[("GET", SLICES)] == 2 and api.count("POST") == 1
+
+
+async def test_v1beta2_serves_the_same_slices_and_v1beta1_is_not_served(
+        client: ApiClient) -> None:
+    await client.request("POST", SLICES, body=slice_of([device(0)]))
+    beta = await client.get("/apis/resource.k8s.io/v1beta2/resourceslices")
+    assert [(s["apiVersion"], s["metadata"]["name"]) for s in beta["items"]] == [
+        ("resource.k8s.io/v1beta2", "s1")]
+    with pytest.raises(ApiError, match="HTTP 404"):
+        await client.get("/apis/resource.k8s.io/v1beta1/resourceslices")

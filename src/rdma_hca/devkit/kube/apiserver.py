@@ -88,6 +88,9 @@ class FakeCluster:
     taints_allowed: bool = True  # the DRADeviceTaints feature gate
     # DRAResourceClaimDeviceStatus: off, the server drops status.devices from writes.
     claim_device_status: bool = True
+    # The versions of resource.k8s.io served over one store. v1beta2 has v1's shape (v1 is
+    # v1beta2 graduated); v1beta1 (devices under "basic") is not served here.
+    dra_versions: tuple[str, ...] = ("v1", "v1beta2")
     requests: list[Recorded] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
 
@@ -473,9 +476,11 @@ class FakeApiServer:
                     raise HttpError(404, "NotFound", f'daemonsets.apps "{parts[6]}" not found',
                                     {"name": parts[6], "group": "apps", "kind": "daemonsets"})
                 return 200, copy.deepcopy(ds)
-            if parts[:3] == ["apis", "resource.k8s.io", "v1"] \
+            if parts[:2] == ["apis", "resource.k8s.io"] and len(parts) > 2 \
+                    and parts[2] in self.cluster.dra_versions \
                     and self.cluster.resource_slices is not None:
-                return self._dra(method, verb, parts[3:], fields, labels, body)
+                code, answer = self._dra(method, verb, parts[3:], fields, labels, body)
+                return code, _as_version(answer, f"resource.k8s.io/{parts[2]}")
         raise HttpError(404, "NotFound", "the server could not find the requested resource")
 
     def _dra(self, method: str, verb: str, rest: list[str], fields: str, labels: str,
@@ -528,6 +533,16 @@ class FakeApiServer:
             items.remove(obj)
             return 200, copy.deepcopy(obj)
         raise HttpError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+
+def _as_version(answer: dict[str, Any], version: str) -> dict[str, Any]:
+    """The answer as the version it was asked in (lists: each item too)."""
+    if answer.get("kind") == "Status" or version == DRA:
+        return answer
+    for obj in [answer, *answer.get("items", [])]:
+        if obj.get("apiVersion") == DRA:
+            obj["apiVersion"] = version
+    return answer
 
 
 def _now() -> str:
