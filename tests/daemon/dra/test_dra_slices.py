@@ -212,3 +212,17 @@ async def test_a_flapping_port_is_damped_and_its_last_state_published(
     assert await stage.until(lambda: stage.driver is not None and stage.driver.idle
                              and stage.driver.offer.digest
                              == stage.driver.publisher.published_digest)  # type: ignore[union-attr]
+
+
+async def test_the_driver_owns_its_slices_by_its_node_and_writes_without_listing(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    (node,) = [n for n in stage.api.cluster.nodes if n["metadata"]["name"] == NODE]
+    (mine,) = stage.slices()
+    assert mine["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"],
+         "controller": True}]
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
+    lists = stage.api.count("GET", "/resourceslices")
+    dra_node.set_port("mlx5_1", up=False)
+    assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-1", {}))
+    assert stage.api.count("GET", "/resourceslices") == lists
