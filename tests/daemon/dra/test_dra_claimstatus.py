@@ -46,11 +46,11 @@ def node(tmp_path: Path) -> sim.SimNode:
     return n
 
 
-def writer(client: SliceApi, node: sim.SimNode) -> ClaimStatusWriter:
+def writer(client: SliceApi, node: sim.SimNode, **kw: Any) -> ClaimStatusWriter:
     offer = Offer.build(discover_node(node.sysfs_root, node.dev_root).hcas, DRIVER,
                         Mode.SHARED, True)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
-                             hca_of=offer.hcas.get, files=OffLoop(5.0))
+                             hca_of=offer.hcas.get, files=OffLoop(5.0), **kw)
 
 
 def claim(api: FakeApiServer) -> ClaimRef:
@@ -152,3 +152,12 @@ async def test_a_claim_made_again_under_the_name_is_left_alone(
     claim(api)
     await writer(client, node).on_prepared(ClaimRef("ns", "another-uid", "c"), PREPARED)
     assert devices(api) == [] and api.count("PUT") == 0
+
+
+async def test_addresses_go_in_where_a_source_knows_them(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    ref = claim(api)
+    ips = {"eth1": ["10.0.1.11/24", "2001:db8::11/64"]}
+    await writer(client, node, ips_of=lambda n: ips.get(n, [])).on_prepared(ref, PREPARED)
+    (entry,) = devices(api)
+    assert entry["networkData"]["ips"] == ["10.0.1.11/24", "2001:db8::11/64"]

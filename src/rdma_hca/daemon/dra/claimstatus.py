@@ -1,8 +1,9 @@
 """Writing what Prepare gave a claim into its status, as KEP-4817 describes it:
 ``status.devices[]`` holds one entry per allocated device of ours (driver, pool, device and
 the allocation's shareID), with a ``Ready`` condition and ``networkData``: the HCA's
-netdev (``interfaceName``) and its MAC (``hardwareAddress``). Addresses are left out: the
-API wants them in CIDR form, and sysfs does not say an address's prefix.
+netdev (``interfaceName``), its MAC (``hardwareAddress``) and its addresses (``ips``) where
+an address source is given: the API wants them in CIDR form, and sysfs (where the RoCE GIDs
+are read) does not say an address's prefix, so without one they are left out.
 
 Entries of other drivers are never touched: each write is a read-modify-write of the
 claim through its ``/status`` subresource with the resourceVersion just read, so a
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 CONFLICT_RETRIES = 5
 MAX_HARDWARE_ADDRESS = 128  # NetworkDeviceDataHardwareAddressMaxLength
 MAX_INTERFACE_NAME = 256  # NetworkDeviceDataInterfaceNameMaxLength
+MAX_IPS = 16  # NetworkDeviceDataMaxIPs
 
 
 class ClaimStatusApi(Protocol):
@@ -69,12 +71,14 @@ def _without_times(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
 class ClaimStatusWriter:
     def __init__(self, api: ClaimStatusApi, driver: str, *, sysfs_root: str,
                  hca_of: Callable[[str], Hca | None], files: OffLoop,
+                 ips_of: Callable[[str], Sequence[str]] | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.api = api
         self.driver = driver
         self.sysfs_root = sysfs_root
         self.hca_of = hca_of  # device name -> the HCA behind it, from the current offer
         self.files = files
+        self.ips_of = ips_of  # netdev -> its addresses in CIDR form (blocking: run off the loop)
         self._now = now
         self.disabled: str | None = None  # why the writer stopped, once it did
         self.writes = 0
@@ -136,6 +140,15 @@ class ClaimStatusWriter:
             mac = None
         if mac:
             out["hardwareAddress"] = mac
+        if self.ips_of is not None:
+            ips_of = self.ips_of
+            try:
+                ips = await self.files.run(f"addresses of {netdev}", lambda: list(ips_of(netdev)))
+            except Exception as exc:
+                log.debug("cannot read the addresses of %s: %s", netdev, exc)
+                ips = []
+            if ips:
+                out["ips"] = ips[:MAX_IPS]
         return out
 
     async def _update(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
