@@ -5,8 +5,9 @@
 | kit      | nothing of the package           |
 | node     | kit                              |
 | settings | node, kit                        |
-| daemon   | settings, node, kit              |
-| tools    | settings, node, kit              |
+| kube     | kit                              |
+| daemon   | settings, kube, node, kit        |
+| tools    | settings, kube, node, kit        |
 | devkit   | anything                         |
 | top      | anything (``rdma_hca.cli``)      |
 
@@ -28,13 +29,14 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "rdma_hca"
-WINGS = ("kit", "node", "settings", "daemon", "tools", "devkit")
+WINGS = ("kit", "node", "settings", "kube", "daemon", "tools", "devkit")
 ALLOWED: dict[str, set[str]] = {
     "kit": set(),
     "node": {"kit"},
     "settings": {"node", "kit"},
-    "daemon": {"settings", "node", "kit"},
-    "tools": {"settings", "node", "kit"},
+    "kube": {"kit"},
+    "daemon": {"settings", "kube", "node", "kit"},
+    "tools": {"settings", "kube", "node", "kit"},
     "devkit": set(WINGS),
     "": set(WINGS),  # rdma_hca/__init__.py, rdma_hca/cli.py
 }

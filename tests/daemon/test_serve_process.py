@@ -7,7 +7,7 @@ hanging; every assertion is about an outcome (exit status, files, what the kubel
 
 The process helpers here (``ServeProcess``, ``serve``, ``http_get``...) are shared with
 ``test_metrics.py``, ``test_logs.py`` and ``test_netlink.py``, which import them from
-this module as the other test files import ``fakeapi``.
+this module.
 """
 
 from __future__ import annotations

@@ -9,17 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakeapi import (
-    CREATED,
-    TOKEN,
-    FakeCluster,
-    daemonset,
-    node,
-    pod,
-    serve,
-    write_kubeconfig,
-)
 
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import CREATED, daemonset, node, pod
 from rdma_hca.tools.doctor import main
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)
@@ -321,9 +313,7 @@ def test_usage_errors_exit_2(
 
 
 def test_label_selector_as_sent_to_the_api_server() -> None:
-    from lightkube.core.selector import build_selector
-
-    from rdma_hca.tools.doctor.kubeapi import label_filter
+    from rdma_hca.kube.credentials import label_selector
 
     selector = {
         "matchLabels": {"b": "2", "a": "1"},
@@ -334,5 +324,5 @@ def test_label_selector_as_sent_to_the_api_server() -> None:
             {"key": "cpu-only", "operator": "DoesNotExist"},
         ],
     }
-    assert build_selector(label_filter(selector)) == (
+    assert label_selector(selector) == (
         "a=1,b=2,tier in (x,y),zone notin (z),rdma,!cpu-only")

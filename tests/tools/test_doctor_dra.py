@@ -12,20 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakeapi import (
+
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import (
     CREATED,
-    TOKEN,
-    FakeCluster,
     daemonset,
     device_class,
     dra_device,
     node,
     pod,
     resource_slice,
-    serve,
-    write_kubeconfig,
 )
-
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.slices import selects_driver
 
@@ -208,6 +205,45 @@ def test_two_slices_on_one_node_fail_and_name_the_extra_one(
     assert node_a["ok"] is False
 
 
+def _split_pool(node_name: str, sizes: list[int], generation: int = 2,
+                count: int | None = None) -> list[dict[str, Any]]:
+    out, start = [], 0
+    for i, size in enumerate(sizes):
+        devices = [dra_device(f"mlx5_{n}") for n in range(start, start + size)]
+        start += size
+        s = resource_slice(node_name, devices, name=f"{node_name}-rdma-hca.io-{i}-abcde",
+                           generation=generation)
+        s["spec"]["pool"]["resourceSliceCount"] = count or len(sizes)
+        out.append(s)
+    return out
+
+
+def test_a_pool_split_over_several_slices_passes(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.resource_slices = [resource_slice("e01-cn-a"), *_split_pool("e01-cn-b",
+                                                                        [64, 64, 64, 8])]
+    assert doctor(kubeconfig, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert ("✓ node e01-cn-b: ResourceSlice: 4 slices: pool e01-cn-b generation 2, 200 "
+            "device(s), none tainted or down") in out
+
+
+def test_an_incomplete_or_overlapping_pool_fails(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.resource_slices = [resource_slice("e01-cn-a"),
+                               *_split_pool("e01-cn-b", [64, 64, 8], count=4)]
+    assert doctor(kubeconfig, tmp_path) == 1
+    assert "pool e01-cn-b is incomplete: 3 of 4 slices at generation 2" in \
+        capsys.readouterr().out
+    twice = _split_pool("e01-cn-b", [3, 3])
+    twice[1]["spec"]["devices"][0] = dra_device("mlx5_0")
+    cluster.resource_slices = [resource_slice("e01-cn-a"), *twice]
+    assert doctor(kubeconfig, tmp_path) == 1
+    assert "device(s) mlx5-0 in more than one slice of pool e01-cn-b" in capsys.readouterr().out
+
+
 def test_no_dra_api_is_one_line_and_no_failure(
     cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -278,6 +314,34 @@ def test_dra_only_node_without_the_extended_resource_passes(
     out = capsys.readouterr().out
     assert ("✓ node e01-cn-b: rdma/hca advertised: not advertised: the node offers its HCAs "
             "through DRA only") in out
+
+
+def test_node_moved_from_the_device_plugin_to_dra_is_not_unhealthy(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The kubelet keeps the device plugin's count at 0 allocatable; the pod runs DRA alone.
+    cluster.nodes[1] = node("e01-cn-b", hca="1k", allocatable="0")
+    cluster.pods[1] = pod("ack-rdma-dp-ds-9fzlm", "e01-cn-b",
+                          env={"RDMA_HCA_DEVICE_PLUGIN_ENABLED": "false"})
+    assert doctor(kubeconfig, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert ("✓ node e01-cn-b: rdma/hca advertised: capacity 1k at 0 allocatable is left from "
+            "the device plugin (the kubelet keeps it); the node now offers its HCAs through "
+            "DRA") in out
+    assert "/status/capacity/rdma~1hca" in out
+    assert "unhealthy" not in out
+
+
+def test_zero_allocatable_with_the_device_plugin_running_is_still_unhealthy(
+    cluster: FakeCluster, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.nodes[1] = node("e01-cn-b", hca="1k", allocatable="0")
+    cluster.pods[1] = pod("ack-rdma-dp-ds-9fzlm", "e01-cn-b",
+                          env={"RDMA_HCA_DEVICE_PLUGIN_ENABLED": "true"})
+    assert doctor(kubeconfig, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "✗ node e01-cn-b: rdma/hca advertised: allocatable 0 < capacity 1k: some HCA is " \
+           "unhealthy" in out
 
 
 def test_json_carries_the_slice_facts(

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakeapi import TOKEN, FakeCluster, daemonset, node, pod, serve, write_kubeconfig
 
+from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.objects import daemonset, node, pod
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.kubeapi import (
     ConfigError,
@@ -406,11 +407,11 @@ def test_serve_and_the_cli_do_not_load_the_api_client() -> None:
         "import rdma_hca.daemon.wiring, rdma_hca.tools.doctor.cluster\n"
         "build_parser().parse_args(['serve'])\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightkube', 'httpx2', 'httpx'}))\n"
-        "from rdma_hca.tools.doctor.kubeapi import label_filter\n"
-        "label_filter({})\n"
+        "from rdma_hca.kube.credentials import label_selector\n"
+        "label_selector({})\n"
         "print('lightkube' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[]", "True"]
+    assert result.stdout.split() == ["[]", "False"]

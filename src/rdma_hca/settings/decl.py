@@ -22,7 +22,11 @@ from enum import StrEnum
 
 from rdma_hca.kit.text import markdown_table
 from rdma_hca.settings.model import (
+    DEFAULT_API_BURST,
+    DEFAULT_API_QPS,
     DEFAULT_DRA_DRIVER_NAME,
+    DEFAULT_DRA_RESYNC_SECONDS,
+    DEFAULT_DRA_START_JITTER_SECONDS,
     DEFAULT_HEALTH_POLL_SECONDS,
     DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_ROOT,
@@ -168,6 +172,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("dra.selectors", Kind.SELECTORS, None,
        "which HCAs the DRA driver publishes (same keys as a pool's selectors)",
        flag=False, env=False, default_text="all HCAs"),
+    _s("dra.apiQps", Kind.FLOAT, DEFAULT_API_QPS,
+       "requests a second the driver sends the API server at most, after its burst "
+       "(client-go's default)", minimum=0.1, maximum=1000),
+    _s("dra.apiBurst", Kind.INT, DEFAULT_API_BURST,
+       "requests the driver may send the API server at once before apiQps applies",
+       minimum=1, maximum=1000),
+    _s("dra.resyncSeconds", Kind.FLOAT, DEFAULT_DRA_RESYNC_SECONDS,
+       "how often the driver checks the API server's copy of its slices (one LIST, "
+       "jittered by 20%), seconds", minimum=5, maximum=86400, zero_off=True),
+    _s("dra.startJitterSeconds", Kind.FLOAT, DEFAULT_DRA_START_JITTER_SECONDS,
+       "the first publish waits a random part of this, so a fleet restarting at once "
+       "spreads out, seconds", minimum=0, maximum=600),
     # --- timing ------------------------------------------------------------------------
     _s("healthPollSeconds", Kind.FLOAT, DEFAULT_HEALTH_POLL_SECONDS,
        "how often port state is read from sysfs, seconds", minimum=0.05, maximum=60),

@@ -26,6 +26,11 @@ DEFAULT_READ_DEADLINE_SECONDS = 5.0
 DEFAULT_HEALTH_POLL_SECONDS = 0.5
 DEFAULT_RESEND_SECONDS = 30.0
 DEFAULT_HTTP_MAX_CONNECTIONS = 64
+# client-go's rest.Config defaults (DefaultQPS, DefaultBurst).
+DEFAULT_API_QPS = 5.0
+DEFAULT_API_BURST = 10
+DEFAULT_DRA_RESYNC_SECONDS = 60.0
+DEFAULT_DRA_START_JITTER_SECONDS = 5.0
 
 
 class ConfigError(ValueError):
@@ -149,6 +154,13 @@ class DraConfig:
     mode: Mode = Mode.SHARED
     # Which HCAs the driver publishes; empty selectors mean every HCA of the node.
     selectors: Selectors = field(default_factory=Selectors)
+    # The API client's own rate limit, as client-go's.
+    api_qps: float = DEFAULT_API_QPS
+    api_burst: int = DEFAULT_API_BURST
+    # The check of the server's copy of the slices (jittered); 0: only on events.
+    resync_seconds: float = DEFAULT_DRA_RESYNC_SECONDS
+    # The first publish waits a random part of this, so a fleet restarting spreads out.
+    start_jitter_seconds: float = DEFAULT_DRA_START_JITTER_SECONDS
 
 
 @dataclass(frozen=True, slots=True)

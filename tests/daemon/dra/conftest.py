@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 
 

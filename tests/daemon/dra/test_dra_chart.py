@@ -50,13 +50,19 @@ def test_device_classes_select_the_driver(dra_render: RenderFn) -> None:
     assert [o["metadata"]["name"] for o in none if o["kind"] == "DeviceClass"] == ["rdma-hca.io"]
 
 
-def test_rbac_is_slices_and_reading_claims_only(dra_render: RenderFn) -> None:
-    objs = dra_render(ON)
+def test_rbac_is_slices_its_node_and_its_claims_status_only(dra_render: RenderFn) -> None:
+    objs = dra_render({**ON, "dra.driverName": "hca.example.com"})
     (role,) = [o for o in objs if o["kind"] == "ClusterRole"]
     assert role["rules"] == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["list", "watch", "create", "update", "delete"]},
+         "verbs": ["list", "create", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["get", "update"]},
+        # 1.36: status.devices is authorized per driver, for the node the caller runs on.
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "verbs": ["associated-node:update"], "resourceNames": ["hca.example.com"]},
     ]
     (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
     (sa,) = [o for o in objs if o["kind"] == "ServiceAccount"]

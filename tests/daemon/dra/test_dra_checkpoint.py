@@ -24,8 +24,8 @@ from rdma_hca.daemon.dra.checkpoint import (
     decode,
     encode,
 )
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 
 

@@ -15,8 +15,8 @@ from dra_support import DRIVER, NODE
 from rdma_hca.daemon.dra.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimKeeper, ClaimRef, parse_claim
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.devkit.dra.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.config import ConfigError, DraConfig, PoolConfig, Selectors, Settings
@@ -43,7 +43,8 @@ def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings
     base: dict[str, object] = {
         "sysfs_root": str(node.sysfs_root), "dev_root": str(node.dev_root),
         "kubelet_root": root, "node_name": NODE, "metrics_address": "127.0.0.1:0",
-        "device_plugin_enabled": False, "dra": DraConfig(enabled=True),
+        "device_plugin_enabled": False,
+        "dra": DraConfig(enabled=True, start_jitter_seconds=0),
     }
     base.update(kw)
     settings = Settings(**base)  # type: ignore[arg-type]
@@ -115,6 +116,7 @@ async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
         sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
         "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
         "--kubelet-root", kubelet_root, "--metrics-address", "",
+        "--dra-start-jitter-seconds", "0",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         assert await kubelet.wait_registered(DRIVER, timeout=20.0)

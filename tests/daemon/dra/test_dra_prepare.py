@@ -17,8 +17,8 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.offer.env import EnvSettings
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import Stalled
 from rdma_hca.settings.config import NcclEnv

@@ -9,8 +9,8 @@ import grpc
 from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon._proto.dra import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 
 

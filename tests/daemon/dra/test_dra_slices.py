@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.settings.config import Mode
 
@@ -76,20 +79,23 @@ async def test_exclusive_mode_devices_are_not_shared(
         assert all("allowMultipleAllocations" not in d for d in s.devices().values())
 
 
-async def test_port_down_taints_the_device_bumps_the_generation_and_reports_health(
+async def test_port_down_taints_the_device_in_one_write_and_reports_health(
         stage: DraStage, dra_node: sim.SimNode) -> None:
     assert stage.kubelet is not None
     events = stage.kubelet.events.health
     assert await stage.until(lambda: bool(events))
     assert events[-1].devices[f"{NODE}/mlx5-2"] == "HEALTHY"
 
+    writes = len(stage.api.writes())
     dra_node.set_port("mlx5_2", up=False)
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-2", {}))
     d = stage.devices()["mlx5-2"]
     assert d["taints"] == [{"key": f"{DRIVER}/link-down", "value": "down",
                             "effect": "NoSchedule"}]
     assert _attr(d, f"{DRIVER}/linkState") == "down"
-    assert _generation(stage) == 2
+    # The one slice is replaced in place, no LIST first; one write, the generation kept.
+    assert [w.method for w in stage.api.writes()[writes:]] == ["PUT"]
+    assert _generation(stage) == 1
     assert "taints" not in stage.devices()["mlx5-1"]
     assert await stage.until(lambda: events[-1].devices.get(f"{NODE}/mlx5-2") == "UNHEALTHY")
     assert events[-1].devices[f"{NODE}/mlx5-1"] == "HEALTHY"
@@ -97,7 +103,7 @@ async def test_port_down_taints_the_device_bumps_the_generation_and_reports_heal
     dra_node.set_port("mlx5_2", up=True)
     assert await stage.until(lambda: "taints" not in stage.devices().get("mlx5-2", {"taints": 1}))
     assert _attr(stage.devices()["mlx5-2"], f"{DRIVER}/linkState") == "up"
-    assert _generation(stage) == 3
+    assert _generation(stage) == 1
     assert await stage.until(lambda: events[-1].devices.get(f"{NODE}/mlx5-2") == "HEALTHY")
 
 
@@ -105,7 +111,7 @@ async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: sim.SimNod
     dra_node.remove_hca("mlx5_1")
     assert await stage.until(lambda: "mlx5-1" not in stage.devices())
     assert sorted(stage.devices()) == ["mlx5-0", "mlx5-2", "mlx5-3", "mlx5-bond-0"]
-    assert _generation(stage) == 2
+    assert _generation(stage) == 1  # one slice rewritten: no need to bump
 
 
 async def test_unchanged_inventory_writes_nothing(stage: DraStage, dra_node: sim.SimNode) -> None:
@@ -185,3 +191,38 @@ async def test_api_server_errors_are_retried_never_fatal(
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-0", {}))
     # The slice lands on the server just before the driver hears back; then it is clear.
     assert await stage.until(lambda: driver.publish_error is None)
+
+
+@pytest.mark.slow
+async def test_a_flapping_port_is_damped_and_its_last_state_published(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    assert stage.driver is not None and stage.driver.publisher is not None
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
+    spacing = stage.driver.publisher.damper.spacing
+    writes = len(stage.api.writes())
+    up, flips = True, 0
+    while flips < 60:  # 6 s of a port flapping every 100 ms
+        up = not up
+        dra_node.set_port("mlx5_2", up=up)
+        flips += 1
+        await asyncio.sleep(0.1)
+    # At most the first write, then one per spacing (counted, whatever the machine's speed).
+    assert len(stage.api.writes()) - writes <= 1 + math.ceil(6.0 / spacing)
+    assert await stage.until(lambda: ("taints" in stage.devices()["mlx5-2"]) == (not up))
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle
+                             and stage.driver.offer.digest
+                             == stage.driver.publisher.published_digest)  # type: ignore[union-attr]
+
+
+async def test_the_driver_owns_its_slices_by_its_node_and_writes_without_listing(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    (node,) = [n for n in stage.api.cluster.nodes if n["metadata"]["name"] == NODE]
+    (mine,) = stage.slices()
+    assert mine["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"],
+         "controller": True}]
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
+    lists = stage.api.count("GET", "/resourceslices")
+    dra_node.set_port("mlx5_1", up=False)
+    assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-1", {}))
+    assert stage.api.count("GET", "/resourceslices") == lists

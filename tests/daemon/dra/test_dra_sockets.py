@@ -27,8 +27,8 @@ from rdma_hca.daemon._proto.dra import (
 )
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.driver import DraDriver
-from rdma_hca.devkit.dra.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.sim import nodes as sim
 
 

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from rdma_hca.daemon.dra import files
@@ -82,6 +82,8 @@ class Claim:
     name: str
     uid: str
     devices: tuple[AllocatedDevice, ...]  # every driver's
+    # The object as read: what a status write starts from, saving a read of its own.
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def of(self, driver: str) -> tuple[AllocatedDevice, ...]:
         return tuple(d for d in self.devices if d.driver == driver)
@@ -120,7 +122,7 @@ def parse_claim(obj: object) -> Claim:
         devices.append(AllocatedDevice(
             str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")),
             str(r.get("device", "")), str(share) if share else None))
-    return Claim(namespace, name, uid, tuple(devices))
+    return Claim(namespace, name, uid, tuple(devices), obj)
 
 
 class ClaimReader(Protocol):

@@ -27,7 +27,6 @@ class Fixed:
     """What the driver decides itself; tests change it with ``dataclasses.replace``."""
 
     device_taints: bool = True  # taint a device whose ports are all down (DRADeviceTaints)
-    resync_seconds: float = 60.0  # check the published slice this often (0: only on events)
     socket_check_seconds: float = 5.0  # backstop of the socket watch, in case inotify lost one
     health_resend_seconds: float = 10.0  # every device's health again, within the kubelet's 30 s
 
@@ -53,6 +52,10 @@ class DriverConfig:
     kubeconfig: str | None
     device_taints: bool
     resync_seconds: float
+    start_jitter_seconds: float
+    api_qps: float
+    api_burst: int
+    sysfs_root: str
     socket_check_seconds: float
     health_resend_seconds: float
 
@@ -76,7 +79,11 @@ class DriverConfig:
             selectors=settings.dra.selectors,
             kubeconfig=kubeconfig,
             device_taints=fixed.device_taints,
-            resync_seconds=fixed.resync_seconds,
+            resync_seconds=settings.dra.resync_seconds,
+            start_jitter_seconds=settings.dra.start_jitter_seconds,
+            api_qps=settings.dra.api_qps,
+            api_burst=settings.dra.api_burst,
+            sysfs_root=settings.sysfs_root,
             socket_check_seconds=fixed.socket_check_seconds,
             health_resend_seconds=fixed.health_resend_seconds,
         )

@@ -17,8 +17,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim
+from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claims import (
+    Claim,
     ClaimKeeper,
     ClaimReader,
     ClaimRef,
@@ -26,13 +27,13 @@ from rdma_hca.daemon.dra.claims import (
     PrepareResult,
     UnpreparedHook,
 )
+from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
-from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.unixserver import socket_path_problem
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
@@ -110,6 +111,9 @@ class DraDriver:
         self._files = OffLoop(config.read_deadline)
         self.claims = ClaimKeeper(config, self._files, on_prepared=on_prepared,
                                   on_unprepared=on_unprepared)
+        # Without hooks of the caller's, prepared claims get their status.devices entries.
+        self._write_status = on_prepared is None and on_unprepared is None
+        self.status_writer: ClaimStatusWriter | None = None
         self.sockets = KubeletSockets(
             config,
             lambda server: add_dra_services(server, self, self.board,
@@ -173,7 +177,9 @@ class DraDriver:
         if self._api is None:
             try:
                 self._api = await SliceApi.connect(self.config.kubeconfig,
-                                                   self.config.read_deadline)
+                                                   self.config.read_deadline,
+                                                   qps=self.config.api_qps,
+                                                   burst=self.config.api_burst)
             except KubeApiError as exc:
                 tried = await self._files.run("looking for API server credentials",
                                               lambda: credentials_tried(self.config.kubeconfig))
@@ -187,8 +193,12 @@ class DraDriver:
         await self.claims.load()
         self.claims.start()
         self.claims.api = self._api
+        if self._write_status and isinstance(self._api, SliceApi):
+            self._hook_status(self._api)
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
-                                        self.config.node_name, self.config.pool_name)
+                                        self.config.node_name, self.config.pool_name,
+                                        resync=self.config.resync_seconds,
+                                        start_jitter=self.config.start_jitter_seconds)
         if inventory is not None:
             await self.update(inventory)
         await self.sockets.start()
@@ -226,6 +236,20 @@ class DraDriver:
         self.claims.rdma_cm = inventory.rdma_cm
         await self.board.set(self.offer.health())
 
+    def _hook_status(self, api: SliceApi) -> None:
+        writer = ClaimStatusWriter(api, self.config.driver_name,
+                                   sysfs_root=self.config.sysfs_root,
+                                   hca_of=lambda device: self.offer.hcas.get(device),
+                                   files=self._files)
+
+        async def prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
+            await writer.on_prepared(ClaimRef(claim.namespace, claim.uid, claim.name), devices,
+                                     claim.source)
+
+        self.claims.on_prepared = prepared
+        self.claims.on_unprepared = writer.on_unprepared
+        self.status_writer = writer
+
     def _rebuild(self) -> None:
         offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints)
         self.claims.hcas = offer.hcas
@@ -250,46 +274,4 @@ class DraDriver:
 
     async def _publish_loop(self) -> None:
         assert self.publisher is not None
-        backoff = BACKOFF_FIRST
-        resync = self.config.resync_seconds or None
-        while not self._stopping:
-            if not await wait_event(self._wake, resync):
-                self._check = True
-            self._wake.clear()
-            check, self._check = self._check, False
-            self._publishing = True
-            try:
-                await self.publisher.publish(self.offer, check=check)
-            except KubeApiError as exc:
-                if exc.status == 422 and "taints" in str(exc) and self.taints:
-                    log.warning("the API server refuses device taints (DRADeviceTaints off?); "
-                                "marking down HCAs only by their linkState attribute")
-                    self.taints = False
-                    self._rebuild()
-                    self._check = True
-                    self._wake.set()
-                    continue
-                message = str(exc)
-                if message != self.publish_error:
-                    log.error("cannot publish the ResourceSlice: %s; retrying", message)
-                self.publish_error = message
-                self._check = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                self._wake.set()
-                continue
-            except Exception:
-                log.exception("publishing the ResourceSlice failed; retrying")
-                self._check = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                self._wake.set()
-                continue
-            finally:
-                self._publishing = False
-            if self.publish_error is not None:
-                log.info("ResourceSlice published again")
-            self.publish_error = None
-            backoff = BACKOFF_FIRST
-            self.publish_passes += 1
-            self.published.set()
+        await self.publisher.run(self)

@@ -1,120 +1,91 @@
-"""The driver's few API server calls, through lightkube's async client, as plain dicts.
+"""The driver's API server calls, through the one client (rdma_hca.kube), as plain dicts.
 
-lightkube (and its models) is imported only when the driver starts: a daemon that runs
-only the device plugin never pays for it. Credentials: a kubeconfig file when one is
-given, else in-cluster service account, else ``KUBECONFIG``/``~/.kube/config``.
+Credentials: a kubeconfig file when one is given, else the in-cluster service account,
+else ``KUBECONFIG``/``~/.kube/config``. lightkube loads only when the driver starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TYPE_CHECKING, Any
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from lightkube import AsyncClient
+from rdma_hca.kube.client import ApiClient
+from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.errors import KubeError
+from rdma_hca.kube.policy import DEFAULT_BURST, DEFAULT_QPS, ClientPolicy
+
+# The driver's code catches this name; it is the one client's error.
+KubeApiError = KubeError
+
+GROUP_VERSION = "resource.k8s.io/v1"
+SLICES = f"/apis/{GROUP_VERSION}/resourceslices"
 
 
-class KubeApiError(Exception):
-    """An API call failed; ``status`` is the HTTP code (0 when there was no answer)."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
+def _q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
-def _connect(kubeconfig: str | None, timeout: float) -> AsyncClient:
-    import httpx2
-    from lightkube import AsyncClient, KubeConfig
-
-    # httpx logs every request at INFO: a line per slice write is noise in a node daemon.
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
-    return AsyncClient(config=config, timeout=httpx2.Timeout(timeout), lazy=False,
-                       field_manager="rdma-hca")
+def claim_path(namespace: str, name: str) -> str:
+    return f"/apis/{GROUP_VERSION}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}"
 
 
 class SliceApi:
-    """ResourceSlices of one driver on one node, and reading ResourceClaims."""
+    """ResourceSlices of one driver on one node, its Node, and ResourceClaims."""
 
-    def __init__(self, client: AsyncClient, timeout: float) -> None:
-        self._client = client
-        self._timeout = timeout
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None, timeout: float) -> SliceApi:
+    async def connect(cls, kubeconfig: str | None, timeout: float, *,
+                      qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST) -> SliceApi:
         """Read credentials (files: off the event loop) and make the client."""
         try:
-            client = await asyncio.to_thread(_connect, kubeconfig, timeout)
-        except Exception as exc:
-            raise KubeApiError(f"no usable API server credentials: {exc}") from exc
-        return cls(client, timeout)
+            creds = await asyncio.to_thread(
+                load_credentials, kubeconfig=kubeconfig, context=None, env=dict(os.environ),
+                home=Path.home(), in_cluster_first=True)
+            client = await ApiClient.connect(
+                creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout))
+        except KubeError as exc:
+            raise KubeError(f"no usable API server credentials: {exc}") from exc
+        return cls(client)
 
     async def close(self) -> None:
-        await self._client.close()
+        await self.client.close()
 
-    async def _call(self, what: str, coro: Any) -> Any:
-        from lightkube import ApiError
-
-        try:
-            return await asyncio.wait_for(coro, self._timeout)
-        except ApiError as exc:
-            code = int(exc.status.code or 0)
-            raise KubeApiError(f"{what}: {exc.status.message or exc} (HTTP {code})",
-                               code) from exc
-        except TimeoutError as exc:
-            raise KubeApiError(f"{what}: no answer within {self._timeout:g} s") from exc
-        except OSError as exc:
-            raise KubeApiError(f"{what}: {exc}") from exc
-        except Exception as exc:
-            # httpx transport errors and decoding errors: one line, never a traceback.
-            raise KubeApiError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    async def get_node(self, name: str) -> dict[str, Any]:
+        return await self.client.get(f"/api/v1/nodes/{_q(name)}")
 
     async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
-        async def collect() -> list[dict[str, Any]]:
-            fields: dict[str, Any] = {"spec.nodeName": node, "spec.driver": driver}
-            return [s.to_dict() async for s in self._client.list(ResourceSlice, fields=fields)]
-
-        found: list[dict[str, Any]] = await self._call("listing ResourceSlices", collect())
+        found = await self.client.get(
+            SLICES, {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}"})
         # The field selector already did this; a server that ignored it must not make us
         # touch another node's slices.
-        return [s for s in found
+        return [s for s in found.get("items") or []
                 if s.get("spec", {}).get("nodeName") == node
                 and s.get("spec", {}).get("driver") == driver]
 
     async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
-        created = await self._call("creating a ResourceSlice",
-                                   self._client.create(ResourceSlice.from_dict(obj)))
-        result: dict[str, Any] = created.to_dict()
-        return result
+        return await self.client.request("POST", SLICES, body=obj)
 
     async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
         name = obj["metadata"]["name"]
-        replaced = await self._call(f"updating ResourceSlice {name}",
-                                    self._client.replace(ResourceSlice.from_dict(obj)))
-        result: dict[str, Any] = replaced.to_dict()
-        return result
+        return await self.client.request("PUT", f"{SLICES}/{_q(name)}", body=obj)
 
     async def delete_slice(self, name: str) -> None:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
         try:
-            await self._call(f"deleting ResourceSlice {name}",
-                             self._client.delete(ResourceSlice, name))
-        except KubeApiError as exc:
+            await self.client.request("DELETE", f"{SLICES}/{_q(name)}")
+        except KubeError as exc:
             if exc.status != 404:
                 raise
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        from lightkube.resources.resource_v1 import ResourceClaim
+        return await self.client.get(claim_path(namespace, name))
 
-        claim = await self._call(f"reading ResourceClaim {namespace}/{name}",
-                                 self._client.get(ResourceClaim, name, namespace=namespace))
-        result: dict[str, Any] = claim.to_dict()
-        return result
+    async def replace_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]:
+        """PUT the claim to its /status subresource (the resourceVersion in it guards it)."""
+        meta = claim["metadata"]
+        return await self.client.request(
+            "PUT", claim_path(meta["namespace"], meta["name"]) + "/status", body=claim)

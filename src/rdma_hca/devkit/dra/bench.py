@@ -1,4 +1,5 @@
-"""DRA figures for ``make bench``: NodePrepareResources latency, port down -> slice updated.
+"""DRA figures for ``make bench``: NodePrepareResources latency, port down -> slice updated,
+and what the driver costs the API server (``bench_api``).
 
 Both run the real driver on a DraStage (simulated node, fake API server over HTTP,
 kubelet emulator over unix sockets), in this process.
@@ -10,7 +11,8 @@ kubelet emulator over unix sockets), in this process.
   size written with fsync and rename), called in turn with the driver: the ratio is
   what the driver's own machinery costs.
 - Port down: from the port's state file changing in sysfs to the API server storing a
-  slice whose device carries the link-down taint. The stage's health poll is 50 ms; a
+  slice whose device carries the link-down taint, on a quiet node (no slice write within
+  the flap damper's spacing). The stage's health poll is 50 ms; a
   daemon also wakes at once on the rtnetlink link event.
 """
 
@@ -23,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ import grpc
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
+from rdma_hca.devkit.dra.bench_api import API_SPECS, api_figures
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.files import write_atomic
@@ -48,7 +52,7 @@ DRA_PREPARE_100 = Spec("dra_prepare_100_p50_ms",
                        Target(1.5, on_ratio=True), baseline_label=BARE)
 DRA_PORT_DOWN = Spec("dra_port_down_slice_ms", "port down → slice tainted (max)", "ms",
                      Target(1000.0))
-DRA_SPECS = [DRA_PREPARE, DRA_PREPARE_100, DRA_PORT_DOWN]
+DRA_SPECS = [DRA_PREPARE, DRA_PREPARE_100, DRA_PORT_DOWN, *API_SPECS]
 
 
 class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
@@ -96,6 +100,9 @@ class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
         return dra_v1_pb2.NodeUnprepareResourcesResponse()
 
 
+BENCH_QPS = 10_000.0
+
+
 def _p50_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 3)
 
@@ -105,7 +112,12 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=16)
     # With a pod UID, as the chart runs it: the checkpoint is shared with a possible second
     # instance, so a fresh claim also reads it under the claim's lock.
-    async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod") as stage:
+    # Both sides without the client's rate limit (client-go's 5 QPS): at hundreds of calls
+    # back to back it, not the driver, would set the pace. Claim status writes still run,
+    # after each answer, as on a node.
+    unlimited = {"api_qps": BENCH_QPS, "api_burst": int(BENCH_QPS)}
+    async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod",
+                        config=lambda c: replace(c, **unlimited)) as stage:  # type: ignore[arg-type]
         assert stage.kubelet is not None
         if not await stage.registered():
             return spec.failed("the driver did not register")
@@ -114,7 +126,7 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
                 {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 8}"}])
             await stage.kubelet.prepare(DRIVER, [("bench", uid, f"kept{i}")])
         kubeconfig = stage.api.write_kubeconfig(workdir / "bare-kubeconfig")
-        api = await SliceApi.connect(str(kubeconfig), 5.0)
+        api = await SliceApi.connect(str(kubeconfig), 5.0, qps=BENCH_QPS, burst=int(BENCH_QPS))
         bare_dir = workdir / "bare"
         bare_dir.mkdir(parents=True, exist_ok=True)
         path = os.path.join(stage.root, "bare.sock")
@@ -164,10 +176,15 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
                         poll_seconds=DEFAULT_POLL) as stage:
         if not await stage.until(lambda: bool(stage.devices())):
             return DRA_PORT_DOWN.failed("no slice was published")
+        assert stage.driver is not None and stage.driver.publisher is not None
+        spacing = stage.driver.publisher.damper.spacing
         samples: list[float] = []
         for i in range(runs):
             hca = f"mlx5_{i % 8}"
             device = f"mlx5-{i % 8}"
+            # The figure is a quiet node's first change: no write within the damper's spacing
+            # (a change right after a write waits for it, see dra_flap_slice_writes_30s).
+            await asyncio.sleep(spacing)
             start = time.perf_counter()
             node.set_port(hca, up=False)
             if not await stage.until(_tainted(stage, device, True), timeout=10):
@@ -177,17 +194,19 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
             await stage.until(_tainted(stage, device, False), timeout=10)
     return DRA_PORT_DOWN.figure(
         round(max(samples) * 1000, 1),
-        note=f"{runs} runs at the daemon's default health poll ({DEFAULT_POLL:g} s), slice "
-             f"written over HTTP to the fake API server; p50 {_p50_ms(samples)} ms")
+        note=f"{runs} runs at the daemon's default health poll ({DEFAULT_POLL:g} s), each on a "
+             f"quiet node, slice written over HTTP to the fake API server; "
+             f"p50 {_p50_ms(samples)} ms")
 
 
 async def dra_figures(quick: bool) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-bench-") as tmp:
         return [
-            await prepare_latency(Path(tmp) / "prepare", 30 if quick else 300, 0, DRA_PREPARE),
-            await prepare_latency(Path(tmp) / "prepare100", 30 if quick else 300, 100,
+            await prepare_latency(Path(tmp) / "prepare", 10 if quick else 300, 0, DRA_PREPARE),
+            await prepare_latency(Path(tmp) / "prepare100", 10 if quick else 300, 100,
                                   DRA_PREPARE_100),
-            await port_down_latency(Path(tmp) / "port", 3 if quick else 10),
+            await port_down_latency(Path(tmp) / "port", 2 if quick else 10),
+            *await api_figures(Path(tmp) / "api", quick),
         ]
 
 

@@ -20,8 +20,8 @@ from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.daemon.watch.health import HealthWatcher
-from rdma_hca.devkit.dra.apiserver import FakeApiServer
 from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.reader import NodeReader
@@ -63,7 +63,8 @@ class DraStage:
         settings = Settings(
             node_name=self.node_name, pod_uid=self.pod_uid, kubelet_root=self.root,
             cdi=CdiConfig(spec_dir=str(self.cdi_dir)),
-            dra=DraConfig(enabled=True, mode=self._mode), nccl_env=self._env.nccl,
+            dra=DraConfig(enabled=True, mode=self._mode, start_jitter_seconds=0.0),
+            nccl_env=self._env.nccl,
             non_host_network=self._env.non_host_network,
             read_deadline_seconds=5.0, device_plugin_enabled=False)
         config = DriverConfig.from_settings(
@@ -75,6 +76,8 @@ class DraStage:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._own_api:
             self.api.start()
+        if not any(n["metadata"]["name"] == self.node_name for n in self.api.cluster.nodes):
+            self.api.add_node(self.node_name)  # the Node object the slices are owned by
         self.kubelet = DraKubelet(self.root, self.node_name,
                                   api_url=self.api.url if self._kubelet_wipes else None,
                                   api_token=self.api.token, health_retry=self._health_retry)

@@ -2,8 +2,8 @@
 
 ``tree`` holds the machinery (``SimNode``, the specs); this module holds the catalogue:
 a GPU server, InfiniBand, eRDMA, Soft RoCE, a node without RDMA. Broken and hostile trees
-are in ``hostile``, trees shaped like real machines in ``realworld``; their builders are
-re-exported here so one import reaches every kind.
+are in ``hostile``, trees shaped like real machines in ``realworld``, a big SR-IOV node in
+``sriov``; their builders are re-exported here so one import reaches every kind.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
 from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node, mlx5_roce_bond_node
+from rdma_hca.devkit.sim.sriov import sriov_node
 from rdma_hca.devkit.sim.tree import (
     GpuSpec,
     HcaSpec,
@@ -41,6 +42,7 @@ __all__ = [
     "no_rdma_node",
     "roce_node",
     "soft_roce_node",
+    "sriov_node",
 ]
 
 

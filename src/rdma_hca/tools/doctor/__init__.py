@@ -118,7 +118,10 @@ def run_cluster(
             in_cluster_root=in_cluster_root,
         )
         client = kubeapi.KubeClient(creds, timeout=args.timeout)
-        data = cluster.fetch(client, args.namespace, args.name, args.dra_driver)
+        try:
+            data = cluster.fetch(client, args.namespace, args.name, args.dra_driver)
+        finally:
+            client.close()
     except (kubeapi.ConfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
         return _fail(out, args.json, EXIT_USAGE, str(exc))
     except kubeapi.KubeError as exc:

@@ -412,6 +412,16 @@ def _judge_node(
             # No extended resource but the driver's slice: a node served by DRA only.
             checks.append(Check(name, f"{resource} advertised", True,
                                 "not advertised: the node offers its HCAs through DRA only"))
+        elif has_slices and alloc == 0 and _device_plugin_off(pod):
+            # The kubelet keeps a device plugin's resource after the plugin went away, at 0
+            # allocatable: a node moved to DRA looks like one whose HCAs are all down.
+            checks.append(Check(
+                name, f"{resource} advertised", True,
+                f"capacity {cap_text} at 0 allocatable is left from the device plugin (the "
+                "kubelet keeps it); the node now offers its HCAs through DRA. To drop it: "
+                f"kubectl patch node {name} --subresource=status --type=json -p "
+                f"'[{{\"op\":\"remove\",\"path\":\"/status/capacity/"
+                f"{resource.replace('/', '~1')}\"}}]'"))
         else:
             checks.append(_resource_check(name, resource, (cap_text, cap),
                                           (alloc_text, alloc), kns, pod_name))
@@ -430,6 +440,17 @@ def _judge_node(
         ok=all(c.ok for c in checks) if checks else None,
     )
     return row, checks
+
+
+def _device_plugin_off(pod: Mapping[str, Any]) -> bool:
+    """The pod runs the DRA driver alone (the chart's devicePlugin.enabled=false)."""
+    for container in pod.get("spec", {}).get("containers") or []:
+        if "--no-device-plugin" in (container.get("args") or []):
+            return True
+        for env in container.get("env") or []:
+            if env.get("name") == "RDMA_HCA_DEVICE_PLUGIN_ENABLED":
+                return str(env.get("value", "")).strip().lower() in ("false", "0", "no", "off")
+    return False
 
 
 def _pod_check(

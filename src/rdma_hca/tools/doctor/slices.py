@@ -1,15 +1,18 @@
 """The DRA part of the cluster view: do the driver's ResourceSlices match the nodes?
 
-The driver publishes one pool per node, named after it, holding one ResourceSlice. Judged
-here, as a pure function of what the API server listed (the cluster view does the reads):
+The driver publishes one pool per node, named after it, in as many ResourceSlices as the
+API's limits need (``resourceSliceCount`` of them at the pool's current generation).
+Judged here, as a pure function of what the API server listed (the cluster view does the
+reads):
 
 - DRA is *in use* when at least one ResourceSlice of the driver exists in the cluster, or,
   when none does, a DeviceClass selects the driver (its CEL compares ``device.driver``
   with the driver's name, as the chart's DeviceClass does). A cluster that merely serves
   ``resource.k8s.io/v1`` is not using DRA for HCAs.
-- A node whose plugin pod is ready must then have a slice; a node has at most one slice
-  (one pool); a slice naming a node that does not exist is stale; a tainted or
-  ``linkState: down`` device is a port down on that node.
+- A node whose plugin pod is ready must then have a slice; a node has one pool, all of
+  its slices at one generation and as many as the pool says, no device twice; a slice
+  naming a node that does not exist is stale; a tainted or ``linkState: down`` device is
+  a port down on that node.
 """
 
 from __future__ import annotations
@@ -147,6 +150,33 @@ def _current(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [s for s in slices if _generation(s) == top[str(_pool(s).get("name", ""))]]
 
 
+def _slice_count(obj: Mapping[str, Any]) -> int:
+    value = _pool(obj).get("resourceSliceCount")
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def _node_pool(node: str, slices: Sequence[Mapping[str, Any]]) -> tuple[
+        str, list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """``(pool, its slices at its highest generation, every other slice)``: the pool is
+    the one named after the node, else the one with the highest generation."""
+    names = {str(_pool(s).get("name", "")) for s in slices}
+    pool = node if node in names else str(_pool(max(slices, key=_generation)).get("name", ""))
+    mine = [s for s in slices if str(_pool(s).get("name", "")) == pool]
+    top = max(_generation(s) for s in mine)
+    current = [s for s in mine if _generation(s) == top]
+    return pool, current, [s for s in slices if not any(s is c for c in current)]
+
+
+def _devices_twice(slices: Sequence[Mapping[str, Any]]) -> list[str]:
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for s in slices:
+        for device in (s.get("spec") or {}).get("devices") or []:
+            name = str(device.get("name", ""))
+            (twice if name in seen else seen).add(name)
+    return sorted(twice)
+
+
 def judge_node(
     node: str,
     slices: Sequence[Mapping[str, Any]],
@@ -176,15 +206,38 @@ def judge_node(
                 f"once the kubelet registered it: {logs}, and {node_doctor}",
             ))
     else:
-        if len(slices) > 1:
-            keep = max(slices, key=lambda s: (_pool(s).get("name") == node, _generation(s)))
-            extra = " ".join(sorted(slice_name(s) for s in slices if s is not keep))
+        pool, current, extra = _node_pool(node, slices)
+        count = max((_slice_count(c) for c in current), default=1)
+        if extra:
+            gone = " ".join(sorted(slice_name(s) for s in extra))
             checks.append(Check(
                 node, title, False,
                 f"{len(slices)} slices ({', '.join(names)}) in {len(pools)} pool(s) "
-                f"({', '.join(pools)}): the driver keeps one slice in one pool per node",
+                f"({', '.join(pools)}): the driver keeps one pool per node, {count} slice(s) "
+                f"at its current generation",
                 f"the driver deletes the others within {RESYNC_SECONDS} s; if they stay, read "
-                f"{logs} or delete them: kubectl delete resourceslice {extra}",
+                f"{logs} or delete them: kubectl delete resourceslice {gone}",
+            ))
+        elif len(current) > count:
+            checks.append(Check(
+                node, title, False,
+                f"pool {pool} has {len(current)} slices at generation {generation} but says "
+                f"{count} ({', '.join(names)})",
+                f"read {logs}; the driver rewrites its slices when it restarts",
+            ))
+        elif len(current) < count:
+            checks.append(Check(
+                node, title, False,
+                f"pool {pool} is incomplete: {len(current)} of {count} slices at generation "
+                f"{generation} (the scheduler waits for the rest)",
+                f"the driver is writing them or cannot: read {logs}",
+            ))
+        twice = _devices_twice(current)
+        if twice:
+            checks.append(Check(
+                node, title, False,
+                f"device(s) {', '.join(twice)} in more than one slice of pool {pool}",
+                f"read {logs}; the driver rewrites its slices when it restarts",
             ))
         if described:
             checks.append(Check(
@@ -194,9 +247,10 @@ def judge_node(
                 f"check the HCA ports on the node: {node_doctor}",
             ))
         if not checks:
+            what = names[0] if len(names) == 1 else f"{len(names)} slices"
             checks.append(Check(
                 node, title, True,
-                f"{names[0]}: pool {pools[0]} generation {generation}, {devices} device(s), "
+                f"{what}: pool {pools[0]} generation {generation}, {devices} device(s), "
                 "none tainted or down",
             ))
     row = NodeSlices(node, names, pools, generation, devices, tainted, link_down,

@@ -1,0 +1,150 @@
+"""What the DRA driver costs the API server, for ``make bench``: requests per slice write,
+requests per node per minute idle, and slice writes while a port flaps every 100 ms.
+
+The real driver runs on a DraStage (simulated node, the devkit's fake API server over
+HTTP, the kubelet emulator); the fake server counts every request by verb and path, so the
+figures are counts, not timings. They are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.slices import DEFAULT_RESYNC
+from rdma_hca.devkit.bench_report import Figure, Spec, Target
+from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.sim.nodes import gpu_node
+
+NODE = "bench-node"
+SLICES = "/resourceslices"
+REQUESTS_PER_WRITE = Spec("dra_requests_per_slice_write", "API requests per slice write",
+                          "requests", Target(1.0))
+IDLE_PER_MINUTE = Spec("dra_idle_requests_per_node_minute", "API requests per node per "
+                       "minute, idle", "requests", Target(1.0))
+FLAP_WRITES = Spec("dra_flap_slice_writes_30s", "slice writes in 30 s of a port flapping "
+                   "every 100 ms", "writes", Target(15.0))
+FLAP_SETTLE = Spec("dra_flap_settle_ms", "flapping stops → final state published", "ms",
+                   Target(3000.0))
+API_SPECS = [REQUESTS_PER_WRITE, IDLE_PER_MINUTE, FLAP_WRITES, FLAP_SETTLE]
+
+
+def _driver_requests(api: FakeApiServer, since: int) -> list[tuple[str, str]]:
+    return [(r.method, r.path) for r in api.requests[since:]]
+
+
+def _writes(requests: list[tuple[str, str]]) -> int:
+    return sum(1 for m, p in requests if m in ("POST", "PUT", "DELETE") and SLICES in p)
+
+
+def _tainted(stage: DraStage, device: str) -> bool:
+    return "taints" in stage.devices().get(device, {})
+
+
+def _is_tainted(stage: DraStage, device: str, wanted: bool) -> Callable[[], bool]:
+    return lambda: _tainted(stage, device) == wanted
+
+
+def _published(stage: DraStage, hca: str, up: bool) -> Callable[[], bool]:
+    """The driver saw the port as ``up`` and that offer is what the server holds."""
+    def done() -> bool:
+        driver = stage.driver
+        if driver is None or driver.publisher is None or not driver.idle:
+            return False
+        seen = [h for h in driver.offer.hcas.values() if h.name == hca]
+        return (bool(seen) and seen[0].any_port_up == up
+                and driver.publisher.published_digest == driver.offer.digest)
+    return done
+
+
+async def _ready(stage: DraStage) -> bool:
+    """Published, registered, and nothing pending: from here on, requests are the test's."""
+    return (await stage.until(lambda: bool(stage.devices())) and await stage.registered()
+            and await stage.until(lambda: stage.driver is not None and stage.driver.idle))
+
+
+async def requests_per_write(workdir: Path, changes: int) -> Figure:
+    node = gpu_node(workdir / "node", hcas=8, gid_table_size=8)
+    async with DraStage(node, workdir / "stage", node_name=NODE, kubelet_wipes=False) as s:
+        if not await _ready(s):
+            return REQUESTS_PER_WRITE.failed("no slice was published")
+        mark = len(s.api.requests)
+        for i in range(changes):
+            down = i % 2 == 0
+            node.set_port("mlx5_3", up=not down)
+            if not await s.until(_is_tainted(s, "mlx5-3", down), timeout=10):
+                return REQUESTS_PER_WRITE.failed("the slice never changed")
+        sent = _driver_requests(s.api, mark)
+        writes = _writes(sent)
+    lists = sum(1 for m, p in sent if m == "GET" and p.endswith(SLICES))
+    return REQUESTS_PER_WRITE.figure(
+        round(len(sent) / max(writes, 1), 2),
+        note=f"{changes} port changes on an 8-HCA node: {len(sent)} requests, {writes} slice "
+             f"writes, {lists} LIST")
+
+
+async def idle_per_minute(workdir: Path, seconds: float) -> Figure:
+    # The check of the server's copy is what an idle node costs; it runs once per resync
+    # interval. Measured at a short interval and scaled to the default one.
+    resync = 2.0
+    node = gpu_node(workdir / "node", hcas=8, gid_table_size=8)
+
+    def tune(config: DriverConfig) -> DriverConfig:
+        return dataclasses.replace(config, resync_seconds=resync)
+
+    async with DraStage(node, workdir / "stage", node_name=NODE, kubelet_wipes=False,
+                        config=tune) as s:
+        if not await _ready(s):
+            return IDLE_PER_MINUTE.failed("no slice was published")
+        mark = len(s.api.requests)
+        start = time.monotonic()
+        await asyncio.sleep(seconds)
+        elapsed = time.monotonic() - start
+        sent = _driver_requests(s.api, mark)
+    per_minute_here = len(sent) / elapsed * 60
+    scaled = per_minute_here * resync / DEFAULT_RESYNC
+    return IDLE_PER_MINUTE.figure(
+        round(scaled, 2),
+        note=f"{len(sent)} requests in {elapsed:.1f} s at a {resync:g} s resync "
+             f"({_writes(sent)} writes), scaled to the default {DEFAULT_RESYNC:g} s")
+
+
+async def flapping(workdir: Path, seconds: float) -> list[Figure]:
+    node = gpu_node(workdir / "node", hcas=8, gid_table_size=8)
+    async with DraStage(node, workdir / "stage", node_name=NODE, kubelet_wipes=False) as s:
+        if not await _ready(s):
+            why = "no slice was published"
+            return [FLAP_WRITES.failed(why), FLAP_SETTLE.failed(why)]
+        mark = len(s.api.requests)
+        end = time.monotonic() + seconds
+        up = True
+        while time.monotonic() < end:
+            up = not up
+            node.set_port("mlx5_3", up=up)
+            await asyncio.sleep(0.1)
+        stopped = time.monotonic()
+        settled = await s.until(_published(s, "mlx5_3", up), timeout=10) and \
+            _tainted(s, "mlx5-3") != up
+        settle_ms = (time.monotonic() - stopped) * 1000
+        writes = _writes(_driver_requests(s.api, mark))
+    scale = 30.0 / seconds
+    note = (f"{seconds:g} s of flapping" + (f", scaled ×{scale:g} to 30 s" if scale != 1 else "")
+            + f": {writes} slice writes; health poll 50 ms")
+    return [
+        FLAP_WRITES.figure(round(writes * scale, 1), note=note),
+        FLAP_SETTLE.figure(round(settle_ms, 1), note="the last state, from the last flap")
+        if settled else FLAP_SETTLE.failed("the final state was never published"),
+    ]
+
+
+async def api_figures(workdir: Path, quick: bool) -> list[Figure]:
+    return [
+        await requests_per_write(workdir / "writes", 2 if quick else 6),
+        await idle_per_minute(workdir / "idle", 2.0 if quick else 20.0),
+        *await flapping(workdir / "flap", 4.0 if quick else 30.0),
+    ]

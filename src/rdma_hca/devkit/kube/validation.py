@@ -1,0 +1,203 @@
+"""What the real API server refuses of ResourceSlices and ResourceClaim status, for the fake.
+
+The limits are upstream's, from kubernetes/kubernetes pkg/apis/resource/types.go and
+pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
+
+- ``ResourceSliceMaxDevices = 128``; ``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+  = 64`` when any device of the slice has taints (validateResourceSliceSpec);
+- ``ResourceSliceMaxAttributesAndCapacitiesPerDevice = 32`` (attributes + capacity);
+- ``DeviceTaintsMaxLength = 16`` taints per device;
+- ``DriverNameMaxLength = 63`` (a DNS subdomain); ``PoolNameMaxLength = 253`` (DNS
+  subdomains separated by slashes); a device name is a DNS label (63);
+- a qualified attribute name: a C identifier of at most ``DeviceMaxIDLength = 32``, after an
+  optional DNS subdomain of at most ``DeviceMaxDomainLength = 63`` and a slash;
+- ``DeviceAttributeMaxValueLength = 64`` for a string attribute;
+- spec.driver, spec.nodeName and spec.pool.name are immutable (ValidateResourceSliceUpdate);
+- a claim's status.devices entry names an allocated device (driver, pool, device, shareID)
+  once; at most ``AllocatedDeviceStatusMaxConditions = 8`` conditions;
+  ``NetworkDeviceDataMaxIPs = 16``, ``NetworkDeviceDataInterfaceNameMaxLength = 256``,
+  ``NetworkDeviceDataHardwareAddressMaxLength = 128``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_TAINTS = 16
+MAX_DRIVER_NAME = 63
+MAX_POOL_NAME = 253
+MAX_NAME = 253
+MAX_ATTRIBUTE_ID = 32
+MAX_ATTRIBUTE_DOMAIN = 63
+MAX_STRING_VALUE = 64
+MAX_CONDITIONS = 8
+MAX_IPS = 16
+MAX_INTERFACE_NAME = 256
+MAX_HARDWARE_ADDRESS = 128
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ATTRIBUTE_KINDS = ("bool", "int", "string", "version")
+
+
+class Invalid(Exception):
+    """422 Invalid, with the field path in the message as the real server words it."""
+
+
+def _subdomain(value: object, limit: int) -> bool:
+    return (isinstance(value, str) and 0 < len(value) <= limit
+            and DNS_SUBDOMAIN.match(value) is not None)
+
+
+def check_name(name: object, where: str = "metadata.name") -> None:
+    if not _subdomain(name, MAX_NAME):
+        raise Invalid(f"{where}: Invalid value: {name!r}: a lowercase RFC 1123 subdomain "
+                      f"of at most {MAX_NAME} characters is required")
+
+
+def check_owner_references(meta: dict[str, Any]) -> None:
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for key in ("apiVersion", "kind", "name", "uid"):
+            if not isinstance(ref, dict) or not ref.get(key):
+                raise Invalid(f"metadata.ownerReferences[{i}].{key}: Required value")
+
+
+def _check_attribute_name(name: str, where: str) -> None:
+    domain, slash, ident = name.rpartition("/")
+    if slash and not _subdomain(domain, MAX_ATTRIBUTE_DOMAIN):
+        raise Invalid(f"{where}: Invalid value: {name!r}: the domain must be a DNS subdomain "
+                      f"of at most {MAX_ATTRIBUTE_DOMAIN} characters")
+    if len(ident) > MAX_ATTRIBUTE_ID or not C_IDENTIFIER.match(ident):
+        raise Invalid(f"{where}: Invalid value: {name!r}: a C identifier of at most "
+                      f"{MAX_ATTRIBUTE_ID} characters is required")
+
+
+def _check_device(d: Any, i: int) -> None:
+    where = f"spec.devices[{i}]"
+    if not isinstance(d, dict):
+        raise Invalid(f"{where}: Invalid value: a device object is required")
+    name = d.get("name", "")
+    if not isinstance(name, str) or not DNS_LABEL.match(name):
+        raise Invalid(f"{where}.name: Invalid value: {name!r}: a lowercase RFC 1123 label "
+                      "must consist of lower case alphanumeric characters or '-'")
+    attrs = d.get("attributes") or {}
+    capacity = d.get("capacity") or {}
+    if len(attrs) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise Invalid(f"{where}: Invalid value: {len(attrs) + len(capacity)}: the total "
+                      f"number of attributes and capacities must not exceed "
+                      f"{MAX_ATTRIBUTES_AND_CAPACITIES}")
+    for key, value in attrs.items():
+        _check_attribute_name(key, f"{where}.attributes[{key}]")
+        if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in \
+                ATTRIBUTE_KINDS:
+            raise Invalid(f"{where}.attributes[{key}]: Invalid value: exactly one value "
+                          "must be specified")
+        text = value.get("string")
+        if isinstance(text, str) and len(text) > MAX_STRING_VALUE:
+            raise Invalid(f"{where}.attributes[{key}].string: Too long: may not be more "
+                          f"than {MAX_STRING_VALUE} bytes")
+    for key in capacity:
+        _check_attribute_name(key, f"{where}.capacity[{key}]")
+    taints = d.get("taints") or []
+    if len(taints) > MAX_TAINTS:
+        raise Invalid(f"{where}.taints: Too many: {len(taints)}: must have at most "
+                      f"{MAX_TAINTS} items")
+    for j, t in enumerate(taints):
+        if t.get("effect") not in ("NoSchedule", "NoExecute", "None"):
+            raise Invalid(f"{where}.taints[{j}].effect: Unsupported value: {t.get('effect')!r}")
+
+
+def check_slice(obj: dict[str, Any], *, taints_allowed: bool) -> None:
+    check_name(obj.get("metadata", {}).get("name"))
+    check_owner_references(obj.get("metadata") or {})
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise Invalid("spec: Required value")
+    if not _subdomain(spec.get("driver"), MAX_DRIVER_NAME):
+        raise Invalid(f"spec.driver: Invalid value: {spec.get('driver')!r}: a DNS subdomain "
+                      f"of at most {MAX_DRIVER_NAME} characters is required")
+    pool = spec.get("pool") or {}
+    pool_name = pool.get("name")
+    if not isinstance(pool_name, str) or len(pool_name) > MAX_POOL_NAME or not all(
+            DNS_SUBDOMAIN.match(p) for p in pool_name.split("/")):
+        raise Invalid(f"spec.pool.name: Invalid value: {pool_name!r}")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        raise Invalid("spec.pool.generation: Invalid value: must be a non-negative integer")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        raise Invalid("spec.pool.resourceSliceCount: Invalid value: must be greater than zero")
+    where = [k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
+             if spec.get(k)]
+    if len(where) != 1:
+        raise Invalid("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, "
+                      "`allNodes`, `perDeviceNodeSelection` is required")
+    devices = spec.get("devices") or []
+    tainted = any(isinstance(d, dict) and d.get("taints") for d in devices)
+    if tainted and not taints_allowed:
+        raise Invalid("spec.devices[0].taints: Forbidden: disabled by feature gate "
+                      "DRADeviceTaints")
+    limit = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
+    if len(devices) > limit:
+        raise Invalid(f"spec.devices: Too many: {len(devices)}: must have at most {limit} "
+                      "items")
+    seen: set[str] = set()
+    for i, d in enumerate(devices):
+        _check_device(d, i)
+        if d["name"] in seen:
+            raise Invalid(f"spec.devices[{i}].name: Duplicate value: {d['name']!r}")
+        seen.add(d["name"])
+
+
+def check_slice_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    for path in ("driver", "nodeName", "pool.name"):
+        before, after = _get(old["spec"], path), _get(new.get("spec") or {}, path)
+        if before != after:
+            raise Invalid(f"spec.{path}: Invalid value: {after!r}: field is immutable")
+
+
+def _get(obj: dict[str, Any], path: str) -> Any:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def check_claim_status(claim: dict[str, Any], status: dict[str, Any]) -> None:
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}) \
+        .get("results") or []
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID"))
+                 for r in results}
+    seen: set[tuple[Any, ...]] = set()
+    for i, d in enumerate(status.get("devices") or []):
+        where = f"status.devices[{i}]"
+        key = (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
+        if key not in allocated:
+            raise Invalid(f"{where}: Invalid value: {key!r}: must be an allocated device "
+                          "in the claim")
+        if key in seen:
+            raise Invalid(f"{where}: Duplicate value: {key!r}")
+        seen.add(key)
+        if len(d.get("conditions") or []) > MAX_CONDITIONS:
+            raise Invalid(f"{where}.conditions: Too many: must have at most {MAX_CONDITIONS}")
+        net = d.get("networkData") or {}
+        if len(net.get("interfaceName") or "") > MAX_INTERFACE_NAME:
+            raise Invalid(f"{where}.networkData.interfaceName: Too long")
+        if len(net.get("hardwareAddress") or "") > MAX_HARDWARE_ADDRESS:
+            raise Invalid(f"{where}.networkData.hardwareAddress: Too long")
+        ips = net.get("ips") or []
+        if len(ips) > MAX_IPS:
+            raise Invalid(f"{where}.networkData.ips: Too many: must have at most {MAX_IPS}")
+        for j, ip in enumerate(ips):
+            try:
+                ipaddress.ip_interface(ip)
+            except ValueError as exc:
+                raise Invalid(f"{where}.networkData.ips[{j}]: Invalid value: {ip!r}: must "
+                              "be a valid address in CIDR form") from exc
+            if "/" not in str(ip):
+                raise Invalid(f"{where}.networkData.ips[{j}]: Invalid value: {ip!r}: must "
+                              "be a valid address in CIDR form")

@@ -1,0 +1,242 @@
+"""One client for the Kubernetes API server, with client-go's manners.
+
+Requests go out as JSON over lightkube's HTTP stack (its kubeconfig handling: TLS, tokens
+and token files, client certificates, exec credential plugins), by path, and come back as
+plain dicts: no model layer between the driver and the objects the server holds.
+
+- Every request takes a token of a client-side rate limit first (QPS and burst; client-go's
+  defaults are 5 and 10), so a loop gone wrong cannot flood the API server.
+- 429 and 503 are backpressure: the client waits what ``Retry-After`` says (or a growing,
+  jittered backoff when the server says nothing) and tries again; any other 5xx is retried
+  only when the server sent ``Retry-After``, as client-go does.
+- A GET whose connection was reset is tried again; a write is not (it may have happened).
+- One exchange is bounded by ``timeout``, a call with its retries by ``budget``: a caller
+  always gets an answer or a one-line error in bounded time.
+
+lightkube and its HTTP stack load only when a client is built: a daemon that runs only the
+device plugin never imports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from rdma_hca.kube.credentials import Credentials
+from rdma_hca.kube.errors import (
+    ApiError,
+    ConfigError,
+    ConflictError,
+    KubeError,
+    NotFoundError,
+    UnreachableError,
+)
+from rdma_hca.kube.policy import Backoff, ClientPolicy, Clock, Sleep, TokenBucket, retry_after
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+
+
+def _build_http(creds: Credentials, timeout: float) -> Any:
+    import httpx2
+    from lightkube import KubeConfig
+    from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+    from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+
+    # httpx logs every request at INFO: a line per slice write is noise in a node daemon.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    try:
+        config = KubeConfig.from_dict(dict(creds.kubeconfig), fname=creds.base).get()
+        if config is None:
+            raise ConfigError(f"{creds.source}: no context to use: fix the kubeconfig")
+        # Proxies come from the kubeconfig or the environment given to load_credentials.
+        params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False,
+                                  proxy=creds.proxy)
+        return AsyncClient(config, params)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"{creds.source}: a certificate or key is not valid PEM "
+                          f"({exc.reason or exc}): fix the kubeconfig") from exc
+    except OSError as exc:
+        raise ConfigError(f"{creds.source}: cannot read a certificate or key "
+                          f"({exc.strerror or exc}): fix the kubeconfig") from exc
+    except (LightkubeConfigError, ValueError, TypeError, AssertionError) as exc:
+        raise ConfigError(f"{creds.source}: {exc}: fix the kubeconfig") from exc
+    except ImportError as exc:  # e.g. a socks5:// proxy-url without socksio installed
+        raise ConfigError(f"{creds.source}: {exc}") from exc
+
+
+class ApiClient:
+    """``await request(method, path, body=...)`` -> the object the server answered."""
+
+    def __init__(self, creds: Credentials, policy: ClientPolicy | None = None, *,
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 rng: random.Random | None = None) -> None:
+        self.creds = creds
+        self.policy = policy or ClientPolicy()
+        self._http = _build_http(creds, self.policy.timeout)
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.limiter = TokenBucket(self.policy.qps, self.policy.burst, clock=clock, sleep=sleep)
+        self.sent: Counter[str] = Counter()  # HTTP exchanges by method, retries included
+        self.retries = 0
+
+    @classmethod
+    async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None,
+                      **kw: Any) -> ApiClient:
+        """Build the client off the event loop (it reads certificate files)."""
+        return await asyncio.to_thread(lambda: cls(creds, policy, **kw))
+
+    @property
+    def server(self) -> str:
+        return self.creds.server
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return await self.request("GET", path, params=params)
+
+    async def request(self, method: str, path: str, *, body: Any = None,
+                      params: Mapping[str, str] | None = None,
+                      content_type: str | None = None) -> dict[str, Any]:
+        """One API call with its retries; raises a :class:`KubeError` on failure."""
+        deadline = self._clock() + self.policy.call_deadline
+        backoff = Backoff(self.policy.backoff_first, self.policy.backoff_max, rng=self._rng)
+        attempt = 0
+        while True:
+            await self.limiter.take()
+            # One exchange never outlives the call's deadline.
+            limit = max(0.05, min(self.policy.timeout, deadline - self._clock()))
+            outcome, wait = await self._once(method, path, body, params, content_type, limit)
+            if isinstance(outcome, dict):
+                return outcome
+            error = outcome
+            if wait is None or attempt >= self.policy.max_retries:
+                raise error
+            wait = wait if wait > 0 else backoff.next()
+            if self._clock() + wait > deadline:
+                raise error
+            attempt += 1
+            self.retries += 1
+            log.debug("%s; trying again in %.2f s", error, wait)
+            await self._sleep(wait)
+
+    async def _once(self, method: str, path: str, body: Any, params: Mapping[str, str] | None,
+                    content_type: str | None, limit: float
+                    ) -> tuple[dict[str, Any] | KubeError, float | None]:
+        """The answer, or (error, None when not to retry / seconds to wait / 0: backoff)."""
+        import httpx2
+        from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+
+        headers = {"Accept": "application/json"}
+        content: bytes | None = None
+        if body is not None:
+            content = json.dumps(body).encode()
+            headers["Content-Type"] = content_type or "application/json"
+        url = self.server + path
+        source = self.creds.source
+        self.sent[method] += 1
+        try:
+            resp = await asyncio.wait_for(
+                self._http.request(method, path, content=content, params=params,
+                                   headers=headers),
+                limit)
+        except (TimeoutError, httpx2.TimeoutException):
+            return UnreachableError(f"{method} {url}: no answer within {limit:.3g} s"), None
+        except httpx2.TransportError as exc:
+            error = _unreachable(exc, self.creds)
+            reset = isinstance(exc, httpx2.RemoteProtocolError) or isinstance(
+                _root_cause(exc), ConnectionResetError)
+            return error, (0.0 if reset and method == "GET" else None)
+        except LightkubeConfigError as exc:
+            # An exec credential plugin that failed: lightkube says which and its stderr.
+            return ConfigError(f"{source}: {' '.join(str(exc).split())}"), None
+        except OSError as exc:
+            return ConfigError(f"{source}: {_exec_failure(self.creds, exc)}"), None
+        except (KeyError, json.JSONDecodeError):
+            return ConfigError(
+                f"{source}: the exec credential plugin did not print an ExecCredential with "
+                "status.token; use a plugin that issues tokens"), None
+        code = resp.status_code
+        if code >= 400:
+            return _api_error(method, url, resp), _retry_wait(code, resp)
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            return ApiError(f"{method} {url} returned something that is not a Kubernetes "
+                            f"object: is {self.server} a Kubernetes API server?", code), None
+        return answer, None
+
+
+def _retry_wait(code: int, resp: Any) -> float | None:
+    hint = retry_after(resp.headers.get("Retry-After"))
+    if code in (429, 503):
+        return hint if hint is not None else 0.0
+    if code >= 500 and hint is not None:
+        return hint
+    return None
+
+
+def _api_error(method: str, url: str, resp: Any) -> ApiError:
+    code = int(resp.status_code)
+    message, reason = "", ""
+    try:
+        status = resp.json()
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and status.get("kind") == "Status":
+        message = str(status.get("message") or "")
+        reason = str(status.get("reason") or "")
+    else:
+        message = resp.text.strip()[:200]
+    text = f"{method} {url}: HTTP {code}" + (f": {message}" if message else "")
+    kind = {404: NotFoundError, 409: ConflictError}.get(code, ApiError)
+    return kind(text, code, reason)
+
+
+def _unreachable(exc: BaseException, creds: Credentials) -> UnreachableError:
+    cause = _root_cause(exc)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return UnreachableError(
+            f"TLS verification of the API server {creds.server} failed "
+            f"({cause.verify_message}): check certificate-authority in {creds.source}")
+    reason = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+    return UnreachableError(
+        f"API server {creds.server} is unreachable ({reason}): check the server URL in "
+        f"{creds.source} and that the cluster is up")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The certificate error behind a failed connection if there is one, else the deepest
+    cause (the OSError that says "connection refused")."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for cause in chain:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause
+    return chain[-1]
+
+
+def _exec_failure(creds: Credentials, exc: OSError) -> str:
+    users = creds.kubeconfig.get("users") or [{}]
+    spec = users[0].get("user", {}).get("exec") or {}
+    command = spec.get("command", "?")
+    hint = " ".join(str(spec.get("installHint") or "").split())
+    return (f"cannot run the exec credential plugin {command!r} ({exc.strerror or exc})"
+            + (f": {hint}" if hint else ": install it or fix its path in the kubeconfig"))

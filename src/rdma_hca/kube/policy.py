@@ -1,0 +1,117 @@
+"""How the client paces itself, as client-go does: a token bucket (QPS and burst), waits
+that grow exponentially with jitter, and the server's ``Retry-After`` when it gives one.
+
+Clock, sleep and randomness are injected, so tests step through waits without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+# client-go's rest.Config defaults (DefaultQPS, DefaultBurst in k8s.io/client-go/rest).
+DEFAULT_QPS = 5.0
+DEFAULT_BURST = 10
+# client-go retries a request the server asked to be retried (Retry-After) up to 10 times.
+DEFAULT_MAX_RETRIES = 10
+BACKOFF_FIRST = 0.2
+BACKOFF_MAX = 30.0
+# Whatever the server asks, one wait is never longer than this: a deadline bounds the call.
+RETRY_AFTER_MAX = 60.0
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPolicy:
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
+    timeout: float = 10.0
+    """Deadline of one HTTP exchange, seconds."""
+    budget: float | None = None
+    """Deadline of a call with all its retries; None: three times ``timeout``."""
+    max_retries: int = DEFAULT_MAX_RETRIES
+    backoff_first: float = BACKOFF_FIRST
+    backoff_max: float = BACKOFF_MAX
+
+    @property
+    def call_deadline(self) -> float:
+        return self.budget if self.budget is not None else 3 * self.timeout
+
+
+class TokenBucket:
+    """``burst`` requests at once, then ``qps`` a second: client-go's token bucket limiter."""
+
+    def __init__(self, qps: float, burst: int, *, clock: Clock = time.monotonic,
+                 sleep: Sleep = asyncio.sleep) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"a rate limit needs qps > 0 and burst >= 1, not {qps}/{burst}")
+        self.qps = qps
+        self.burst = burst
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = float(burst)
+        self._at = clock()
+        self.waited = 0.0  # seconds callers spent waiting for a token, ever
+        self.throttled = 0  # requests that had to wait
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+        self._at = now
+
+    def reserve(self) -> float:
+        """Take a token; the seconds to wait before using it (0: go now)."""
+        self._refill()
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    async def take(self) -> None:
+        wait = self.reserve()
+        if wait > 0:
+            self.throttled += 1
+            self.waited += wait
+            await self._sleep(wait)
+
+
+class Backoff:
+    """Exponential waits with full jitter: attempt n waits uniformly in [d/2, d], d = first·2ⁿ."""
+
+    def __init__(self, first: float = BACKOFF_FIRST, most: float = BACKOFF_MAX, *,
+                 rng: random.Random | None = None) -> None:
+        self.first = first
+        self.most = most
+        self._rng = rng or random.Random()
+        self.attempt = 0
+
+    def next(self) -> float:
+        step = min(self.most, self.first * (2 ** self.attempt))
+        self.attempt += 1
+        return float(step / 2 + self._rng.random() * step / 2)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds of a ``Retry-After`` header (delta-seconds; an HTTP date counts as 1 s, as
+    client-go does with anything it cannot read as seconds); None when absent."""
+    if value is None or not value.strip():
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX)
+
+
+def jittered(seconds: float, fraction: float, rng: random.Random | None = None) -> float:
+    """``seconds`` moved by up to ``fraction`` of itself either way (a fleet spreads out)."""
+    if seconds <= 0 or fraction <= 0:
+        return max(seconds, 0.0)
+    r = (rng or random).random()
+    return seconds * (1 - fraction + 2 * fraction * r)
