@@ -4,6 +4,13 @@ The text of NOTES.txt, as a named template so it can be rendered for any set of 
 */}}
 {{- define "rdma.notes" -}}
 rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.Namespace }}.
+{{- if eq .Values.image.repository (include "rdma.unpublishedImage" .) }}
+
+WARNING: image.repository is still {{ .Values.image.repository }}, the chart's placeholder:
+no image is published there, so the plugin pods cannot pull it (ImagePullBackOff). Point it
+at the image a release pushed (ghcr.io/<owner>/rdma-hca) or at your own build:
+  helm upgrade {{ .Release.Name }} <chart> -n {{ .Release.Namespace }} --reuse-values --set image.repository=<registry>/rdma-hca
+{{- end }}
 
 1. Check that a pod runs on every RDMA node (DESIRED == READY):
      kubectl get ds {{ include "rdma.dsName" . }} -n {{ .Release.Namespace }}
