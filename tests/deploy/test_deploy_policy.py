@@ -366,3 +366,72 @@ def test_match_conditions_never_fail_to_evaluate(default_policies: list[Obj]) ->
                 failures(single, obj)
                 if obj["kind"] != "Pod":
                     failures(single, obj, "UPDATE", old=obj)
+
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
+def restarted(obj: Obj) -> None:
+    """What `kubectl rollout restart` sends: an annotation on the pod template only."""
+    template = obj["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[RESTARTED_AT] = (
+        "2026-01-01T00:00:00Z")
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet"])
+def test_a_rollout_restart_of_a_non_compliant_workload_is_refused_with_the_usual_message(
+        default_policies: list[Obj], kind: str) -> None:
+    old = non_compliant(kind)
+    restart = updated(old, restarted)
+    assert restart["spec"]["template"]["spec"] == old["spec"]["template"]["spec"]
+    outcome = admit(default_policies, restart, "UPDATE", old=old)
+    (message,) = outcome.denied
+    # The same words as when the workload is created: the fix is the same.
+    (created,) = admit(default_policies, old).denied
+    assert message == created
+    assert message.startswith(f"{kind} w: container trainer asks for rdma/hca but "
+                              "spec.template.spec.hostNetwork is not true")
+    assert FIX in message
+    assert any(IPC in w for w in outcome.warnings)
+
+
+def test_template_labels_count_as_a_template_change(default_policies: list[Obj]) -> None:
+    old = non_compliant("Deployment")
+    relabelled = updated(old, lambda o: o["spec"]["template"].setdefault(
+        "metadata", {}).setdefault("labels", {}).__setitem__("version", "2"))
+    assert not admit(default_policies, relabelled, "UPDATE", old=old).admitted
+
+
+def test_a_cronjobs_job_template_metadata_change_is_judged(default_policies: list[Obj]) -> None:
+    old = non_compliant("CronJob")
+    new = updated(old, lambda o: o["spec"]["jobTemplate"]["spec"]["template"].setdefault(
+        "metadata", {}).setdefault("annotations", {}).__setitem__(RESTARTED_AT, "now"))
+    (message,) = admit(default_policies, new, "UPDATE", old=old).denied
+    assert message.startswith("CronJob w: container trainer asks for rdma/hca")
+
+
+def test_a_rollout_restart_of_a_compliant_workload_passes(default_policies: list[Obj]) -> None:
+    old = workload("Deployment", spec(ctr("trainer", limits=RDMA, caps=LOCKED), host=True))
+    outcome = admit(default_policies, updated(old, restarted), "UPDATE", old=old)
+    assert outcome.admitted and not outcome.warnings
+
+
+def test_a_restarted_workload_can_still_be_scaled_suspended_labelled_and_deleted(
+        default_policies: list[Obj]) -> None:
+    # A workload restarted before the policy existed carries the annotation already: the
+    # operations that leave its template alone stay allowed.
+    old = updated(non_compliant("Deployment"), restarted)
+    for change in (lambda o: o["spec"].__setitem__("replicas", 0),
+                   lambda o: o["spec"].__setitem__("paused", True),
+                   lambda o: o["metadata"]["labels"].__setitem__("team", "infra")):
+        outcome = admit(default_policies, updated(old, change), "UPDATE", old=old)
+        assert outcome.admitted and not outcome.warnings, outcome
+    job = updated(non_compliant("Job"), restarted)
+    suspend = updated(job, lambda o: o["spec"].__setitem__("suspend", True))
+    assert admit(default_policies, suspend, "UPDATE", old=job).admitted
+    assert admit(default_policies, old, "DELETE").admitted
+
+
+def test_with_the_switch_on_a_restart_is_never_refused(switch_on_policies: list[Obj]) -> None:
+    old = non_compliant("Deployment")
+    assert admit(switch_on_policies, updated(old, restarted), "UPDATE", old=old).admitted
