@@ -348,10 +348,13 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
                        extra: Sequence[str]) -> None:
     """Exit 2 with the subcommand's usage and the flag most like an unknown one."""
     target = parser
-    command = getattr(args, "command", None)
-    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if command and sub is not None:
-        target = sub.choices[command]
+    while True:  # down to the innermost subcommand given (`config from-msdp`)
+        sub = next((a for a in target._actions if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        if sub is None or chosen not in sub.choices:
+            break
+        target = sub.choices[chosen]
     flags = [f for f in target._option_string_actions if f.startswith("--")]
     message = "unrecognized arguments: " + " ".join(extra)
     for word in extra:

@@ -296,6 +296,8 @@ def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[
     (["doctor", "--node", "--kubelet-rot=/x"], "usage: rdma-hca doctor",
      "did you mean --kubelet-root?"),
     (["check", "--proc-rot", "/proc"], "usage: rdma-hca check", "did you mean --proc-root?"),
+    (["config", "from-msdp", "f.json", "--valeus"], "usage: rdma-hca config from-msdp",
+     "did you mean --values?"),
 ])
 def test_an_unknown_flag_shows_the_subcommands_usage_and_the_closest_flag(
         capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, hint: str) -> None:
@@ -305,7 +307,8 @@ def test_an_unknown_flag_shows_the_subcommands_usage_and_the_closest_flag(
     err = capsys.readouterr().err
     assert err.startswith(usage)
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"rdma-hca {argv[0]}: error: unrecognized arguments: ")
+    prog = usage.removeprefix("usage: ")
+    assert last.startswith(f"{prog}: error: unrecognized arguments: ")
     assert last.endswith(hint)
 
 
