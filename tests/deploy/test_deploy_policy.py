@@ -435,3 +435,45 @@ def test_a_restarted_workload_can_still_be_scaled_suspended_labelled_and_deleted
 def test_with_the_switch_on_a_restart_is_never_refused(switch_on_policies: list[Obj]) -> None:
     old = non_compliant("Deployment")
     assert admit(switch_on_policies, updated(old, restarted), "UPDATE", old=old).admitted
+
+
+POOLS = {"pools[0].resourceName": "rdma/hca", "pools[0].selectors.names": "{mlx5_0}",
+         "pools[1].resourceName": "rdma/storage", "pools[1].mode": "exclusive",
+         "pools[1].selectors.names": "{mlx5_bond_0}"}
+
+
+@pytest.fixture(scope="module")
+def pool_policies(render: RenderFn) -> list[Obj]:
+    return [o for o in render(POOLS) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize("name", ["rdma/hca", "rdma/storage"])
+def test_with_pools_every_pools_resource_is_looked_for(pool_policies: list[Obj],
+                                                       name: str) -> None:
+    asking = {name: 1}
+    (message,) = admit(pool_policies, pod(spec(ctr("trainer", limits=asking,
+                                                   caps=LOCKED)))).denied
+    assert message.startswith(f"Pod p: container trainer asks for {name} but "
+                              "spec.hostNetwork is not true")
+    outcome = admit(pool_policies, pod(spec(ctr("trainer", requests=asking), host=True)))
+    assert outcome.admitted
+    assert outcome.warnings == [f"Pod p: container trainer asks for {name} but lacks the "
+                                "IPC_LOCK capability, so registering memory with the HCA "
+                                "will fail: add IPC_LOCK to securityContext.capabilities.add"]
+
+
+def test_with_pools_the_message_names_what_the_refused_container_asks_for(
+        pool_policies: list[Obj]) -> None:
+    both = pod(spec(ctr("a", limits={"cpu": 1}), ctr("b", limits={"rdma/storage": 1}),
+                    host=False))
+    (message,) = admit(pool_policies, both).denied
+    assert message.startswith("Pod p: container b asks for rdma/storage but")
+    static = {v["message"] for p in pool_policies if p["kind"] == "ValidatingAdmissionPolicy"
+              for v in p["spec"]["validations"]}
+    assert any(m.startswith("rdma/hca, rdma/storage (RDMA) works only in hostNetwork pods")
+               for m in static), static
+
+
+def test_with_pools_other_resources_are_never_evaluated(pool_policies: list[Obj]) -> None:
+    outcome = admit(pool_policies, pod(spec(ctr(limits={"example.com/rdma": 1}))))
+    assert outcome.admitted and not outcome.warnings

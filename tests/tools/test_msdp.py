@@ -103,12 +103,18 @@ def test_values_for_one_resource(capsys: pytest.CaptureFixture[str], tmp_path: P
         "mode": "shared", "selectors": {"linkLayers": ["InfiniBand", "Ethernet"]}}
 
 
-def test_values_for_several_resources_point_to_the_config_file(
+def test_values_for_several_resources_are_the_charts_pools(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, err = from_msdp(capsys, write(tmp_path, README_EXAMPLE), "--values")
-    assert (code, out) == (2, "")
-    assert "the chart's values hold one resource and this config has 2" in err
-    assert "convert without --values" in err
+    assert (code, err) == (0, "")
+    values = yaml.safe_load(out)
+    assert "resourceName" not in values
+    assert values["pools"] == [
+        {"resourceName": "example.com/hca_shared_devices_a", "rdmaHcaMax": 1000,
+         "mode": "shared", "selectors": {"netdevs": ["ib0", "ib1"]}},
+        {"resourceName": "rdma/hca_shared_devices_b", "rdmaHcaMax": 500, "mode": "shared",
+         "selectors": {"pciVendors": ["0x15b3"], "pciDevices": ["0x1017"],
+                       "netdevs": ["ib3", "ib4"]}}]
 
 
 @pytest.mark.parametrize(("doc", "field", "why"), [

@@ -202,15 +202,13 @@ def config_yaml(converted: Converted, path: str) -> str:
 
 
 def values_yaml(converted: Converted, path: str) -> str:
-    """Helm values of the ack-rdma-device-plugin chart, which serves one pool."""
-    if len(converted.pools) != 1:
-        names = ", ".join(p["resourceName"] for p in converted.pools)
-        raise ConfigError("configList", names,
-                          f"the chart's values hold one resource and this config has "
-                          f"{len(converted.pools)} ({names}): convert without --values to get "
-                          "the config file with every resource as a pool",
-                          _Where(path).source)
-    doc: dict[str, Any] = {"nonHostNetwork": {"enabled": True}, **converted.pools[0]}
+    """Helm values of the ack-rdma-device-plugin chart: one resource at the top level,
+    several as the chart's ``pools``."""
+    doc: dict[str, Any] = {"nonHostNetwork": {"enabled": True}}
+    if len(converted.pools) == 1:
+        doc.update(converted.pools[0])
+    else:
+        doc["pools"] = list(converted.pools)
     return _header(converted, path, values=True) + _dump(doc)
 
 
