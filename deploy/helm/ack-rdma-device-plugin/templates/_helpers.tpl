@@ -166,6 +166,11 @@ extended resource name, which a JSON schema pattern cannot say clearly.
 {{- toJson $names -}}
 {{- end -}}
 
+{{/* The first of them (resourceName without pools) as a CEL string literal. */}}
+{{- define "rdma.celResourceName" -}}
+{{- printf "'%s'" (include "rdma.resourceNames" . | fromJsonArray | first) -}}
+{{- end -}}
+
 {{/* The same names for people: "rdma/hca" or "rdma/a, rdma/b". */}}
 {{- define "rdma.resourceNamesText" -}}
 {{- include "rdma.resourceNames" . | fromJsonArray | join ", " -}}
