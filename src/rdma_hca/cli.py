@@ -141,9 +141,10 @@ def _check_roots(command: str, args: argparse.Namespace, sources: Mapping[str, s
             why = root_problem(kind, path)
             if why:
                 return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
-    for dest, flag in (("kubelet_root", "--kubelet-root"), ("kubelet_dir", "--kubelet-dir")):
+    for dest, flag, what in (("kubelet_root", "--kubelet-root", "root"),
+                             ("kubelet_dir", "--kubelet-dir", "device-plugins")):
         path = getattr(args, dest, None)
-        why = kubelet_root_problem(path) if isinstance(path, str) else None
+        why = kubelet_root_problem(path, what) if isinstance(path, str) else None
         if why:
             return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
     return None
@@ -169,7 +170,8 @@ def _source(args: argparse.Namespace, env: Mapping[str, str], key: str) -> str:
     if var is not None:
         return f"environment variable {var}"
     if key == "kubeletDir":
-        return _source(args, env, "kubeletRoot") or "the default"
+        return "<kubeletRoot>/device-plugins, kubeletRoot from " + _source(args, env,
+                                                                           "kubeletRoot")
     return "the default"
 
 
@@ -183,9 +185,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             why = root_problem(kind, path)
             if why:
                 raise ConfigError(key, path, why, _source(args, env, key))
-        for key, path in (("kubeletRoot", settings.kubelet_root),
-                          ("kubeletDir", settings.kubelet_dir)):
-            why = kubelet_root_problem(path)
+        for key, path, what in (("kubeletRoot", settings.kubelet_root, "root"),
+                                ("kubeletDir", settings.kubelet_dir, "device-plugins")):
+            why = kubelet_root_problem(path, what)
             if why:
                 raise ConfigError(key, path, why, _source(args, env, key))
     except ConfigError as exc:

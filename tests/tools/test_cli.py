@@ -375,3 +375,15 @@ def test_one_status_per_signal_as_documented(command: str, sig: str, status: int
     assert cli.stop_status(command, signal.Signals[sig]) == status
     table = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     assert f"| {status} |" in table or status == 0
+
+
+def test_serve_refuses_a_device_plugins_directory_that_is_a_file(
+        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path) -> None:
+    (tmp_path / "device-plugins").write_text("")
+    code, _, err = run(capsys, ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root",
+                                str(gpu.dev_root), "--kubelet-root", str(tmp_path)])
+    assert code == 2
+    assert err == (f"rdma-hca serve: config error: kubeletDir: '{tmp_path}/device-plugins' "
+                   "(from <kubeletRoot>/device-plugins, kubeletRoot from flag --kubelet-root) "
+                   f"is not valid: {tmp_path}/device-plugins is not a directory: give the "
+                   "kubelet's device-plugins directory, e.g. /var/lib/kubelet/device-plugins\n")
