@@ -356,6 +356,14 @@ def test_pools_reach_the_daemon_as_its_pools(render: RenderFn, tmp_path: Path) -
       "pools[1].resourceName": "rdma/b", "dra.enabled": "true",
       "dra.selectors.names": "{mlx5_2}", "devicePlugin.enabled": "true"},
      "would both offer every HCA"),
+    ({"pools[0].resourceName": "rdma/a", "pools[1].resourceName": "rdma/b",
+      "pools[1].mode": "exclusive", "pools[1].selectors.names": "{mlx5_0}"},
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/a "
+     "takes every HCA"),
+    ({"mode": "exclusive", "pools[0].resourceName": "rdma/a", "pools[0].mode": "shared",
+      "pools[0].selectors.names": "{mlx5_1}", "pools[1].resourceName": "rdma/b"},
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/b "
+     "takes every HCA"),
 ])
 def test_bad_pools_fail_the_install_naming_the_pool(helm: Path, values: dict[str, str],
                                                     complaint: str) -> None:
@@ -363,3 +371,11 @@ def test_bad_pools_fail_the_install_naming_the_pool(helm: Path, values: dict[str
                       "kube-system", *set_args(values))
     assert result.returncode != 0
     assert complaint in result.stderr, result.stderr
+
+
+def test_exclusive_pools_with_their_own_hcas_install(render: RenderFn) -> None:
+    objects = render({"pools[0].resourceName": "rdma/a", "pools[0].selectors.names": "{mlx5_1}",
+                      "pools[1].resourceName": "rdma/b", "pools[1].mode": "exclusive",
+                      "pools[1].selectors.names": "{mlx5_0}"})
+    assert any(o["kind"] == "DaemonSet" for o in objects)
+    assert any(o["kind"] == "DaemonSet" for o in render({"mode": "exclusive"}))

@@ -158,6 +158,29 @@ extended resource name, which a JSON schema pattern cannot say clearly.
 {{- end -}}
 {{- end -}}
 
+{{/*
+An exclusive pool hands each HCA to one pod: beside a pool that takes every HCA (no
+selectors of its own and none at the top level) it would share its HCAs. The daemon refuses
+that too, naming the HCA; here the install fails before any pod starts. Overlaps that only
+the node can show are left to the daemon.
+*/}}
+{{- define "rdma.checkPools" -}}
+{{- range $i, $ex := .Values.pools -}}
+{{- if eq ($ex.mode | default $.Values.mode) "exclusive" -}}
+{{- range $j, $other := $.Values.pools -}}
+{{- if ne $i $j -}}
+{{- $whole := "" -}}
+{{- if not ($ex.selectors | default $.Values.selectors) -}}{{- $whole = $ex.resourceName -}}{{- end -}}
+{{- if not ($other.selectors | default $.Values.selectors) -}}{{- $whole = $other.resourceName -}}{{- end -}}
+{{- if $whole -}}
+{{- fail (printf "pools[%d]: the exclusive pool %s and the pool %s would both hold an HCA (%s takes every HCA: it has no selectors, nor does the top level): an exclusive pool gives each HCA to one pod only; give the pools selectors that keep their HCAs apart" $i $ex.resourceName $other.resourceName $whole) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The resource names pods ask for, as a JSON list: every pool's, or resourceName's. */}}
 {{- define "rdma.resourceNames" -}}
 {{- $names := list -}}
