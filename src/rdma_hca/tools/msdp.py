@@ -63,14 +63,23 @@ class _Where:
 
 
 def read(path: str) -> dict[str, Any]:
-    """The plugin's config from its JSON file, or from a ConfigMap manifest holding it."""
+    """The plugin's config from its JSON file, from a ConfigMap manifest holding it, or from
+    the NVIDIA Network Operator's NicClusterPolicy that deploys the plugin."""
     data = read_config_file(path, "FILE")
+    where = _Where(path)
     if data.get("kind") == "ConfigMap":
         inner = (data.get("data") or {}).get(CONFIG_MAP_KEY)
         if not isinstance(inner, str):
-            raise _Where(path).error("data", data.get("data"),
-                                     f"a ConfigMap of the plugin holds its config as "
-                                     f"data.{CONFIG_MAP_KEY}")
+            raise where.error("data", data.get("data"), f"a ConfigMap of the plugin holds "
+                              f"its config as data.{CONFIG_MAP_KEY}")
+        return parse_config_text(path, inner)
+    if data.get("kind") == "NicClusterPolicy":
+        spec = data.get("spec") or {}
+        plugin = spec.get("rdmaSharedDevicePlugin") if isinstance(spec, dict) else None
+        inner = plugin.get("config") if isinstance(plugin, dict) else None
+        if not isinstance(inner, str):
+            raise where.error("spec.rdmaSharedDevicePlugin.config", inner, "the plugin's "
+                              "config, as the NicClusterPolicy gives it (a JSON string)")
         return parse_config_text(path, inner)
     return data
 
