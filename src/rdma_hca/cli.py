@@ -370,22 +370,25 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _raise_stopped)
-    # Named before parsing: a signal may come while the parser is still being built.
+    # Named before anything else: a signal may come while the parser is still being built.
     words = list(sys.argv[1:] if argv is None else argv)
     command = [next((w for w in words if not w.startswith("-")), "rdma-hca")]
     if command[0] not in COMMANDS:
         command[0] = "rdma-hca"
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # Inside the try: the handler may fire the moment it is installed.
+        for signum in previous:
+            signal.signal(signum, _raise_stopped)
         return _main(argv, env, command)
     except Stopped as exc:
         return _stopped(command[0], exc.signum)
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(signum, handler)
 
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None,

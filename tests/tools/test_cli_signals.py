@@ -121,4 +121,4 @@ def test_the_installed_command_takes_the_signals_over_as_early(gpu: sim.SimNode,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert (proc.returncode, err) == (130, "rdma-hca discover: stopped by SIGINT\n")
+    assert (proc.returncode, err) == (130, "rdma-hca discover: stopped by SIGINT\n"), err
