@@ -141,9 +141,10 @@ def _check_roots(command: str, args: argparse.Namespace, sources: Mapping[str, s
             why = root_problem(kind, path)
             if why:
                 return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
-    for dest, flag in (("kubelet_root", "--kubelet-root"), ("kubelet_dir", "--kubelet-dir")):
+    for dest, flag, what in (("kubelet_root", "--kubelet-root", "root"),
+                             ("kubelet_dir", "--kubelet-dir", "device-plugins")):
         path = getattr(args, dest, None)
-        why = kubelet_root_problem(path) if isinstance(path, str) else None
+        why = kubelet_root_problem(path, what) if isinstance(path, str) else None
         if why:
             return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
     return None
@@ -169,7 +170,8 @@ def _source(args: argparse.Namespace, env: Mapping[str, str], key: str) -> str:
     if var is not None:
         return f"environment variable {var}"
     if key == "kubeletDir":
-        return _source(args, env, "kubeletRoot") or "the default"
+        return "<kubeletRoot>/device-plugins, kubeletRoot from " + _source(args, env,
+                                                                           "kubeletRoot")
     return "the default"
 
 
@@ -183,9 +185,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             why = root_problem(kind, path)
             if why:
                 raise ConfigError(key, path, why, _source(args, env, key))
-        for key, path in (("kubeletRoot", settings.kubelet_root),
-                          ("kubeletDir", settings.kubelet_dir)):
-            why = kubelet_root_problem(path)
+        for key, path, what in (("kubeletRoot", settings.kubelet_root, "root"),
+                                ("kubeletDir", settings.kubelet_dir, "device-plugins")):
+            why = kubelet_root_problem(path, what)
             if why:
                 raise ConfigError(key, path, why, _source(args, env, key))
     except ConfigError as exc:
@@ -348,10 +350,13 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
                        extra: Sequence[str]) -> None:
     """Exit 2 with the subcommand's usage and the flag most like an unknown one."""
     target = parser
-    command = getattr(args, "command", None)
-    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if command and sub is not None:
-        target = sub.choices[command]
+    while True:  # down to the innermost subcommand given (`config from-msdp`)
+        sub = next((a for a in target._actions if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        if sub is None or chosen not in sub.choices:
+            break
+        target = sub.choices[chosen]
     flags = [f for f in target._option_string_actions if f.startswith("--")]
     message = "unrecognized arguments: " + " ".join(extra)
     for word in extra:
@@ -365,22 +370,25 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _raise_stopped)
-    # Named before parsing: a signal may come while the parser is still being built.
+    # Named before anything else: a signal may come while the parser is still being built.
     words = list(sys.argv[1:] if argv is None else argv)
     command = [next((w for w in words if not w.startswith("-")), "rdma-hca")]
     if command[0] not in COMMANDS:
         command[0] = "rdma-hca"
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # Inside the try: the handler may fire the moment it is installed.
+        for signum in previous:
+            signal.signal(signum, _raise_stopped)
         return _main(argv, env, command)
     except Stopped as exc:
         return _stopped(command[0], exc.signum)
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(signum, handler)
 
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None,

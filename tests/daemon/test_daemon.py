@@ -455,3 +455,39 @@ async def test_shared_pools_may_hold_the_same_hca_said_once(
     said = [r.getMessage() for r in caplog.records if "shared pools hold" in r.getMessage()]
     assert said == ["shared pools hold the same HCA(s), whose pods share them: "
                     "mlx5_0 in rdma/hca, rdma/storage; mlx5_1 in rdma/hca, rdma/storage"]
+
+
+async def test_an_hca_that_comes_later_into_an_exclusive_pool_and_another_is_said_once(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from rdma_hca.settings.config import Selectors
+
+    pools = (
+        PoolConfig(selectors=Selectors(names=("mlx5_[0-3]",))),
+        PoolConfig(resource_name="rdma/storage", mode=Mode.EXCLUSIVE,
+                   selectors=Selectors(names=("mlx5_?",), drivers=("mlx5_core",))),
+    )
+    spec = node.specs["mlx5_0"]
+    for name in ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"):
+        node.remove_hca(name)
+    d = Daemon(make_settings(node, plugin_dir, pools=pools), netlink=False)
+    with caplog.at_level(logging.INFO, logger="rdma_hca"):
+        await d.start()  # no HCA in both yet: the config is fine on this node
+        def said() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "is in the exclusive pool" in r.getMessage()]
+
+        try:
+            assert said() == []
+            node.add_hca(spec)
+            d.health.poke(full=True)
+            assert await wait_until(lambda: len(said()) == 1, 5)
+            # Later passes see it again and say nothing more.
+            passes = d.health.passes
+            d.health.poke(full=True)
+            assert await wait_until(lambda: d.health.passes >= passes + 2, 5)
+        finally:
+            await d.stop()
+    (record,) = [r for r in caplog.records if "is in the exclusive pool" in r.getMessage()]
+    assert record.levelno == logging.ERROR
+    assert record.getMessage().startswith(
+        "the HCA mlx5_0 is in the exclusive pool rdma/storage and in the pool rdma/hca")

@@ -333,6 +333,18 @@ CONFIG_ERRORS: list[tuple[str, list[str], dict[str, str], str | None, list[str]]
      ["healthPollSeconds", "'fast'", "RDMA_HCA_HEALTH_POLL_SECONDS"]),
     ("env-resource", [], {"RDMA_HCA_RESOURCE_NAME": "hca"}, None,
      ["resourceName", "'hca'", "RDMA_HCA_RESOURCE_NAME", "<domain>/<name>"]),
+    # Only discovery shows mlx5_0 in both pools: refused once the node is known.
+    ("exclusive-overlap", [], {},
+     "pools:\n- resourceName: rdma/hca\n  selectors: {names: ['mlx5_[0-3]']}\n"
+     "- resourceName: rdma/storage\n  mode: exclusive\n  selectors: {names: ['mlx5_?']}\n",
+     ["config error: pools: 'mlx5_0' is not valid: the HCA mlx5_0 is in the exclusive pool "
+      "rdma/storage and in the pool rdma/hca"]),
+    ("file-string-boolean", [], {}, 'nonHostNetwork: "yes"\n',
+     ["nonHostNetwork: 'yes'", "a YAML boolean without quotes"]),
+    ("file-duplicate-key", [], {}, "rdmaHcaMax: 10\nrdmaHcaMax: 20\n",
+     ["the key 'rdmaHcaMax' is given twice, at line 1 and at line 2"]),
+    ("env-config-missing", [], {"RDMA_HCA_CONFIG": "/nonexistent/rdma-hca.yaml"}, None,
+     ["RDMA_HCA_CONFIG: '/nonexistent/rdma-hca.yaml'", "cannot be read"]),
 ]
 
 

@@ -295,7 +295,7 @@ def test_resource_name_is_in_the_cel(render: RenderFn, name: str) -> None:
     for policy in (o for o in render({"resourceName": name})
                    if o["kind"] == "ValidatingAdmissionPolicy"):
         variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
-        assert variables["resourceName"] == f"'{name}'"
+        assert variables["resourceNames"] == f"['{name}']"
         assert name in " ".join(v["message"] for v in policy["spec"]["validations"])
 
 
@@ -326,3 +326,58 @@ def test_schema_rejects_bad_values_naming_the_key(
     result = run_helm(helm, "template", "x", str(CHART), *set_args(values))
     assert result.returncode != 0
     assert complaint in result.stderr, result.stderr
+
+
+def test_pools_reach_the_daemon_as_its_pools(render: RenderFn, tmp_path: Path) -> None:
+    from rdma_hca.settings.config import Mode, load_settings
+
+    values = {"pools[0].resourceName": "rdma/hca", "pools[0].selectors.names": "{mlx5_0}",
+              "pools[1].resourceName": "rdma/storage", "pools[1].mode": "exclusive",
+              "pools[1].rdmaHcaMax": "7", "pools[1].selectors.names": "{mlx5_bond_0}"}
+    (cm,) = [o for o in render(values) if o["kind"] == "ConfigMap"
+             and "config.yaml" in o.get("data", {})]
+    config = tmp_path / "config.yaml"
+    config.write_text(cm["data"]["config.yaml"])
+    settings = load_settings(str(config), {}, {})
+    assert [(p.resource_name, p.mode, p.selectors.names) for p in settings.pools] == [
+        ("rdma/hca", Mode.SHARED, ("mlx5_0",)), ("rdma/storage", Mode.EXCLUSIVE,
+                                                  ("mlx5_bond_0",))]
+    assert settings.pools[1].rdma_hca_max == 7
+    # The top-level resourceName is not written beside pools (every pool names its own).
+    assert settings.warnings == ()
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"pools[0].resourceName": "rdma/a", "pools[1].resourceName": "rdma/a"},
+     'pools[1].resourceName "rdma/a": another pool has that name already'),
+    ({"pools[0].resourceName": "rdma/a", "pools[1].resourceName": "example.kubernetes.io/b"},
+     'pools[1].resourceName "example.kubernetes.io/b": the kubernetes.io domain is reserved'),
+    ({"pools[0].rdmaHcaMax": "5"}, "resourceName"),
+    ({"pools[0].resourceName": "rdma/a", "pools[0].colour": "red"}, "colour"),
+    ({"pools[0].resourceName": "rdma/a", "pools[0].selectors.names": "{mlx5_0}",
+      "pools[1].resourceName": "rdma/b", "dra.enabled": "true",
+      "dra.selectors.names": "{mlx5_2}", "devicePlugin.enabled": "true"},
+     "would both offer every HCA"),
+    ({"pools[0].resourceName": "rdma/a", "pools[1].resourceName": "rdma/b",
+      "pools[1].mode": "exclusive", "pools[1].selectors.names": "{mlx5_0}"},
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/a "
+     "takes every HCA"),
+    ({"mode": "exclusive", "pools[0].resourceName": "rdma/a", "pools[0].mode": "shared",
+      "pools[0].selectors.names": "{mlx5_1}", "pools[1].resourceName": "rdma/b"},
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/b "
+     "takes every HCA"),
+])
+def test_bad_pools_fail_the_install_naming_the_pool(helm: Path, values: dict[str, str],
+                                                    complaint: str) -> None:
+    result = run_helm(helm, "template", "ack-rdma-device-plugin", str(CHART), "-n",
+                      "kube-system", *set_args(values))
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+
+
+def test_exclusive_pools_with_their_own_hcas_install(render: RenderFn) -> None:
+    objects = render({"pools[0].resourceName": "rdma/a", "pools[0].selectors.names": "{mlx5_1}",
+                      "pools[1].resourceName": "rdma/b", "pools[1].mode": "exclusive",
+                      "pools[1].selectors.names": "{mlx5_0}"})
+    assert any(o["kind"] == "DaemonSet" for o in objects)
+    assert any(o["kind"] == "DaemonSet" for o in render({"mode": "exclusive"}))

@@ -132,3 +132,33 @@ def test_install_prints_the_notes(helm: Path) -> None:
     assert "no PodMonitor was installed" in text
     assert "no alerts were installed" in text
     assert "rdma-hca doctor --node" in text
+
+
+def test_notes_warn_while_the_image_is_the_unpublished_placeholder(helm: Path,
+                                                                   tmp_path: Path) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    placeholder = values["image"]["repository"]
+    assert ('{{- define "rdma.unpublishedImage" -}}' + placeholder + "{{- end -}}") in helpers
+    text = rendered_notes(helm, tmp_path / "default")
+    assert (f"WARNING: image.repository is still {placeholder}, the chart's placeholder: no "
+            "image is published there, so the plugin pods cannot pull it (ImagePullBackOff)"
+            ) in text
+    assert ("helm upgrade ack-rdma-device-plugin <chart> -n kube-system --reuse-values "
+            "--set image.repository=<registry>/rdma-hca") in text
+    set_ = rendered_notes(helm, tmp_path / "set", "--set",
+                          "ack-rdma-device-plugin.image.repository=ghcr.io/acme/rdma-hca")
+    assert "WARNING: image.repository" not in set_
+    assert "rdma-hca is installed as DaemonSet ack-rdma-dp-ds" in set_
+
+
+def test_install_notes_warn_of_the_placeholder_image_and_not_of_a_real_one(helm: Path) -> None:
+    def notes(*args: str) -> str:
+        result = run_helm(helm, "install", "ack-rdma-device-plugin", str(CHART),
+                          "--dry-run=client", "-n", "kube-system", *args)
+        assert result.returncode == 0, result.stderr
+        return " ".join(result.stdout.split("NOTES:", 1)[1].split())
+
+    assert "WARNING: image.repository is still" in notes()
+    assert "WARNING: image.repository" not in notes(
+        "--set", "image.repository=registry.example.com/rdma-hca")

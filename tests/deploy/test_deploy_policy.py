@@ -366,3 +366,114 @@ def test_match_conditions_never_fail_to_evaluate(default_policies: list[Obj]) ->
                 failures(single, obj)
                 if obj["kind"] != "Pod":
                     failures(single, obj, "UPDATE", old=obj)
+
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
+def restarted(obj: Obj) -> None:
+    """What `kubectl rollout restart` sends: an annotation on the pod template only."""
+    template = obj["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("annotations", {})[RESTARTED_AT] = (
+        "2026-01-01T00:00:00Z")
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet"])
+def test_a_rollout_restart_of_a_non_compliant_workload_is_refused_with_the_usual_message(
+        default_policies: list[Obj], kind: str) -> None:
+    old = non_compliant(kind)
+    restart = updated(old, restarted)
+    assert restart["spec"]["template"]["spec"] == old["spec"]["template"]["spec"]
+    outcome = admit(default_policies, restart, "UPDATE", old=old)
+    (message,) = outcome.denied
+    # The same words as when the workload is created: the fix is the same.
+    (created,) = admit(default_policies, old).denied
+    assert message == created
+    assert message.startswith(f"{kind} w: container trainer asks for rdma/hca but "
+                              "spec.template.spec.hostNetwork is not true")
+    assert FIX in message
+    assert any(IPC in w for w in outcome.warnings)
+
+
+def test_template_labels_count_as_a_template_change(default_policies: list[Obj]) -> None:
+    old = non_compliant("Deployment")
+    relabelled = updated(old, lambda o: o["spec"]["template"].setdefault(
+        "metadata", {}).setdefault("labels", {}).__setitem__("version", "2"))
+    assert not admit(default_policies, relabelled, "UPDATE", old=old).admitted
+
+
+def test_a_cronjobs_job_template_metadata_change_is_judged(default_policies: list[Obj]) -> None:
+    old = non_compliant("CronJob")
+    new = updated(old, lambda o: o["spec"]["jobTemplate"]["spec"]["template"].setdefault(
+        "metadata", {}).setdefault("annotations", {}).__setitem__(RESTARTED_AT, "now"))
+    (message,) = admit(default_policies, new, "UPDATE", old=old).denied
+    assert message.startswith("CronJob w: container trainer asks for rdma/hca")
+
+
+def test_a_rollout_restart_of_a_compliant_workload_passes(default_policies: list[Obj]) -> None:
+    old = workload("Deployment", spec(ctr("trainer", limits=RDMA, caps=LOCKED), host=True))
+    outcome = admit(default_policies, updated(old, restarted), "UPDATE", old=old)
+    assert outcome.admitted and not outcome.warnings
+
+
+def test_a_restarted_workload_can_still_be_scaled_suspended_labelled_and_deleted(
+        default_policies: list[Obj]) -> None:
+    # A workload restarted before the policy existed carries the annotation already: the
+    # operations that leave its template alone stay allowed.
+    old = updated(non_compliant("Deployment"), restarted)
+    for change in (lambda o: o["spec"].__setitem__("replicas", 0),
+                   lambda o: o["spec"].__setitem__("paused", True),
+                   lambda o: o["metadata"]["labels"].__setitem__("team", "infra")):
+        outcome = admit(default_policies, updated(old, change), "UPDATE", old=old)
+        assert outcome.admitted and not outcome.warnings, outcome
+    job = updated(non_compliant("Job"), restarted)
+    suspend = updated(job, lambda o: o["spec"].__setitem__("suspend", True))
+    assert admit(default_policies, suspend, "UPDATE", old=job).admitted
+    assert admit(default_policies, old, "DELETE").admitted
+
+
+def test_with_the_switch_on_a_restart_is_never_refused(switch_on_policies: list[Obj]) -> None:
+    old = non_compliant("Deployment")
+    assert admit(switch_on_policies, updated(old, restarted), "UPDATE", old=old).admitted
+
+
+POOLS = {"pools[0].resourceName": "rdma/hca", "pools[0].selectors.names": "{mlx5_0}",
+         "pools[1].resourceName": "rdma/storage", "pools[1].mode": "exclusive",
+         "pools[1].selectors.names": "{mlx5_bond_0}"}
+
+
+@pytest.fixture(scope="module")
+def pool_policies(render: RenderFn) -> list[Obj]:
+    return [o for o in render(POOLS) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize("name", ["rdma/hca", "rdma/storage"])
+def test_with_pools_every_pools_resource_is_looked_for(pool_policies: list[Obj],
+                                                       name: str) -> None:
+    asking = {name: 1}
+    (message,) = admit(pool_policies, pod(spec(ctr("trainer", limits=asking,
+                                                   caps=LOCKED)))).denied
+    assert message.startswith(f"Pod p: container trainer asks for {name} but "
+                              "spec.hostNetwork is not true")
+    outcome = admit(pool_policies, pod(spec(ctr("trainer", requests=asking), host=True)))
+    assert outcome.admitted
+    assert outcome.warnings == [f"Pod p: container trainer asks for {name} but lacks the "
+                                "IPC_LOCK capability, so registering memory with the HCA "
+                                "will fail: add IPC_LOCK to securityContext.capabilities.add"]
+
+
+def test_with_pools_the_message_names_what_the_refused_container_asks_for(
+        pool_policies: list[Obj]) -> None:
+    both = pod(spec(ctr("a", limits={"cpu": 1}), ctr("b", limits={"rdma/storage": 1}),
+                    host=False))
+    (message,) = admit(pool_policies, both).denied
+    assert message.startswith("Pod p: container b asks for rdma/storage but")
+    static = {v["message"] for p in pool_policies if p["kind"] == "ValidatingAdmissionPolicy"
+              for v in p["spec"]["validations"]}
+    assert any(m.startswith("rdma/hca, rdma/storage (RDMA) works only in hostNetwork pods")
+               for m in static), static
+
+
+def test_with_pools_other_resources_are_never_evaluated(pool_policies: list[Obj]) -> None:
+    outcome = admit(pool_policies, pod(spec(ctr(limits={"example.com/rdma": 1}))))
+    assert outcome.admitted and not outcome.warnings

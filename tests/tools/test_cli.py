@@ -296,6 +296,8 @@ def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[
     (["doctor", "--node", "--kubelet-rot=/x"], "usage: rdma-hca doctor",
      "did you mean --kubelet-root?"),
     (["check", "--proc-rot", "/proc"], "usage: rdma-hca check", "did you mean --proc-root?"),
+    (["config", "from-msdp", "f.json", "--valeus"], "usage: rdma-hca config from-msdp",
+     "did you mean --values?"),
 ])
 def test_an_unknown_flag_shows_the_subcommands_usage_and_the_closest_flag(
         capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, hint: str) -> None:
@@ -305,7 +307,8 @@ def test_an_unknown_flag_shows_the_subcommands_usage_and_the_closest_flag(
     err = capsys.readouterr().err
     assert err.startswith(usage)
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"rdma-hca {argv[0]}: error: unrecognized arguments: ")
+    prog = usage.removeprefix("usage: ")
+    assert last.startswith(f"{prog}: error: unrecognized arguments: ")
     assert last.endswith(hint)
 
 
@@ -372,3 +375,15 @@ def test_one_status_per_signal_as_documented(command: str, sig: str, status: int
     assert cli.stop_status(command, signal.Signals[sig]) == status
     table = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     assert f"| {status} |" in table or status == 0
+
+
+def test_serve_refuses_a_device_plugins_directory_that_is_a_file(
+        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path) -> None:
+    (tmp_path / "device-plugins").write_text("")
+    code, _, err = run(capsys, ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root",
+                                str(gpu.dev_root), "--kubelet-root", str(tmp_path)])
+    assert code == 2
+    assert err == (f"rdma-hca serve: config error: kubeletDir: '{tmp_path}/device-plugins' "
+                   "(from <kubeletRoot>/device-plugins, kubeletRoot from flag --kubelet-root) "
+                   f"is not valid: {tmp_path}/device-plugins is not a directory: give the "
+                   "kubelet's device-plugins directory, e.g. /var/lib/kubelet/device-plugins\n")

@@ -101,3 +101,24 @@ def test_a_tool_stopped_while_starting(gpu: sim.SimNode, sig: signal.Signals,
             proc.wait()
     assert "Traceback" not in err, err
     assert (proc.returncode, err) == (status, f"rdma-hca discover: stopped by {sig.name}\n")
+
+
+def test_the_installed_command_takes_the_signals_over_as_early(gpu: sim.SimNode,
+                                                               tmp_path: Path) -> None:
+    # What pip writes for the console script: `rdma-hca` imports the CLI, then calls main.
+    script = tmp_path / "rdma-hca"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom rdma_hca.cli import main\n"
+                      "sys.exit(main())\n")
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), "discover", "--sysfs-root", str(gpu.sysfs_root)],
+                            env=child_env(), text=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(proc, "_yaml")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, "rdma-hca discover: stopped by SIGINT\n"), err

@@ -93,6 +93,24 @@ def test_a_configmap_manifest_is_read_too(capsys: pytest.CaptureFixture[str],
         "example.com/hca_shared_devices_a", "rdma/hca_shared_devices_b"]
 
 
+def test_a_nic_cluster_policy_is_read_too(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    policy = {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy",
+              "metadata": {"name": "nic-cluster-policy"},
+              "spec": {"rdmaSharedDevicePlugin": {
+                  "image": "k8s-rdma-shared-dev-plugin", "version": "v1.5.3",
+                  "config": json.dumps({"configList": [
+                      {"resourceName": "rdma_shared_device_a", "rdmaHcaMax": 63,
+                       "selectors": {"vendors": ["15b3"], "ifNames": ["ens1f0"]}}]})}}}
+    code, out, _ = from_msdp(capsys, write(tmp_path, yaml.safe_dump(policy), "ncp.yaml"))
+    assert code == 0
+    assert yaml.safe_load(out)["resourceName"] == "rdma/rdma_shared_device_a"
+    del policy["spec"]["rdmaSharedDevicePlugin"]["config"]
+    code, out, err = from_msdp(capsys, write(tmp_path, yaml.safe_dump(policy), "ncp.yaml"))
+    assert (code, out) == (2, "")
+    assert err.startswith("rdma-hca config: spec.rdmaSharedDevicePlugin.config: None")
+
+
 def test_values_for_one_resource(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     doc = {"configList": [{"resourceName": "hca_a", "rdmaHcaMax": 100,
                            "selectors": {"linkTypes": ["infiniband", "ether"]}}]}
@@ -103,12 +121,18 @@ def test_values_for_one_resource(capsys: pytest.CaptureFixture[str], tmp_path: P
         "mode": "shared", "selectors": {"linkLayers": ["InfiniBand", "Ethernet"]}}
 
 
-def test_values_for_several_resources_point_to_the_config_file(
+def test_values_for_several_resources_are_the_charts_pools(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, err = from_msdp(capsys, write(tmp_path, README_EXAMPLE), "--values")
-    assert (code, out) == (2, "")
-    assert "the chart's values hold one resource and this config has 2" in err
-    assert "convert without --values" in err
+    assert (code, err) == (0, "")
+    values = yaml.safe_load(out)
+    assert "resourceName" not in values
+    assert values["pools"] == [
+        {"resourceName": "example.com/hca_shared_devices_a", "rdmaHcaMax": 1000,
+         "mode": "shared", "selectors": {"netdevs": ["ib0", "ib1"]}},
+        {"resourceName": "rdma/hca_shared_devices_b", "rdmaHcaMax": 500, "mode": "shared",
+         "selectors": {"pciVendors": ["0x15b3"], "pciDevices": ["0x1017"],
+                       "netdevs": ["ib3", "ib4"]}}]
 
 
 @pytest.mark.parametrize(("doc", "field", "why"), [

@@ -115,6 +115,9 @@ class Daemon:
         self._cdi_error = Latch()
         self._ipv6_ready = False
         self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
+        # (HCA, exclusive pool, other pool) already said: an HCA that came after start.
+        self._told_shared_exclusive: set[tuple[str, str, str]] = set()
+        self._pools_checked = False
 
     @property
     def inventory(self) -> NodeInventory | None:
@@ -190,6 +193,7 @@ class Daemon:
             # Tens of thousands of GIDs on a large node: judged on a worker thread.
             hcas = tuple(pool_hcas.values())
             self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
+        self._say_late_exclusive_overlap(inventory.hcas)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
             findings.log_changes(self.findings)
@@ -281,6 +285,27 @@ class Daemon:
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
 
+    def _say_late_exclusive_overlap(self, hcas: Sequence[Hca]) -> None:
+        """An HCA that appeared after start in an exclusive pool and another: said once.
+
+        At start that is a config error (status 2); a running daemon keeps serving its pods,
+        and the next start refuses the config with the same words.
+        """
+        if not self._pools_checked:
+            return  # start checks them first, and refuses the config instead
+        for name, a, b in pools_sharing(self.settings, hcas):
+            pair = exclusive_first(a, b)
+            if pair is None:
+                continue
+            key = (name, pair[0].resource_name, pair[1].resource_name)
+            if key in self._told_shared_exclusive:
+                continue
+            self._told_shared_exclusive.add(key)
+            log.error("the HCA %s is in the exclusive pool %s and in the pool %s: an exclusive "
+                      "pool gives each HCA to one pod only, so pods of both may share it; give "
+                      "the pools selectors that keep their HCAs apart (a restart refuses this "
+                      "config)", name, pair[0].resource_name, pair[1].resource_name)
+
     def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
         """An HCA in an exclusive pool and another pool is a config error; shared pools
         may hold a same HCA (their pods then share it), said once here."""
@@ -300,6 +325,7 @@ class Daemon:
         if shared:
             log.info("shared pools hold the same HCA(s), whose pods share them: %s",
                      "; ".join(f"{n} in {', '.join(p)}" for n, p in shared.items()))
+        self._pools_checked = True
 
     async def stop(self) -> None:
         """Stop every task and close every server, whatever state they are in.

@@ -85,15 +85,17 @@ def selected_hcas(settings: Settings, hcas: Sequence[Hca]) -> tuple[Hca, ...]:
     return tuple(h for h in hcas if any(s.matches(h) for s in selectors))
 
 
-def kubelet_root_problem(path: str) -> str | None:
-    """Why ``path`` cannot be the kubelet's root (or device-plugins) directory, or None.
+def kubelet_root_problem(path: str, what: str = "root") -> str | None:
+    """Why ``path`` cannot be the kubelet's root (``what="root"``) or its device-plugins
+    directory (``"device-plugins"``), or None.
 
     A missing one is fine (the kubelet may not have made it yet: the daemon waits); a file
     would be waited on forever.
     """
     if os.path.exists(path) and not os.path.isdir(path):
-        return (f"{path} is not a directory: give the kubelet's root directory, e.g. "
-                "/var/lib/kubelet")
+        example = "/var/lib/kubelet" + ("/device-plugins" if what != "root" else "")
+        return (f"{path} is not a directory: give the kubelet's {what} directory, e.g. "
+                f"{example}")
     return None
 
 

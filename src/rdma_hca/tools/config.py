@@ -20,11 +20,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     m = sub.add_parser(
         "from-msdp", help="from the Mellanox k8s-rdma-shared-dev-plugin's config",
         description="Print the rdma-hca config that offers what the Mellanox "
-        "k8s-rdma-shared-dev-plugin config FILE offers (its config.json, or the ConfigMap "
-        "holding it): each resource under the name the plugin advertised. An unknown or "
-        "unsupported key is refused (status 2). docs/migration-from-mellanox.md has the "
-        "steps to swap the plugins node by node.")
-    m.add_argument("file", metavar="FILE", help="the plugin's config.json or its ConfigMap")
+        "k8s-rdma-shared-dev-plugin config FILE offers (its config.json, the ConfigMap "
+        "holding it, or the NVIDIA Network Operator's NicClusterPolicy): each resource "
+        "under the name the plugin advertised. An unknown or unsupported key is refused "
+        "(status 2). docs/migration-from-mellanox.md has the steps to swap the plugins "
+        "node by node.")
+    m.add_argument("file", metavar="FILE",
+                   help="the plugin's config.json, its ConfigMap or a NicClusterPolicy")
     m.add_argument("--values", action="store_true",
                    help="print Helm values of the ack-rdma-device-plugin chart instead")
     m.set_defaults(func=run_from_msdp)

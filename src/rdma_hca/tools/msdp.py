@@ -63,14 +63,23 @@ class _Where:
 
 
 def read(path: str) -> dict[str, Any]:
-    """The plugin's config from its JSON file, or from a ConfigMap manifest holding it."""
+    """The plugin's config from its JSON file, from a ConfigMap manifest holding it, or from
+    the NVIDIA Network Operator's NicClusterPolicy that deploys the plugin."""
     data = read_config_file(path, "FILE")
+    where = _Where(path)
     if data.get("kind") == "ConfigMap":
         inner = (data.get("data") or {}).get(CONFIG_MAP_KEY)
         if not isinstance(inner, str):
-            raise _Where(path).error("data", data.get("data"),
-                                     f"a ConfigMap of the plugin holds its config as "
-                                     f"data.{CONFIG_MAP_KEY}")
+            raise where.error("data", data.get("data"), f"a ConfigMap of the plugin holds "
+                              f"its config as data.{CONFIG_MAP_KEY}")
+        return parse_config_text(path, inner)
+    if data.get("kind") == "NicClusterPolicy":
+        spec = data.get("spec") or {}
+        plugin = spec.get("rdmaSharedDevicePlugin") if isinstance(spec, dict) else None
+        inner = plugin.get("config") if isinstance(plugin, dict) else None
+        if not isinstance(inner, str):
+            raise where.error("spec.rdmaSharedDevicePlugin.config", inner, "the plugin's "
+                              "config, as the NicClusterPolicy gives it (a JSON string)")
         return parse_config_text(path, inner)
     return data
 
@@ -202,15 +211,13 @@ def config_yaml(converted: Converted, path: str) -> str:
 
 
 def values_yaml(converted: Converted, path: str) -> str:
-    """Helm values of the ack-rdma-device-plugin chart, which serves one pool."""
-    if len(converted.pools) != 1:
-        names = ", ".join(p["resourceName"] for p in converted.pools)
-        raise ConfigError("configList", names,
-                          f"the chart's values hold one resource and this config has "
-                          f"{len(converted.pools)} ({names}): convert without --values to get "
-                          "the config file with every resource as a pool",
-                          _Where(path).source)
-    doc: dict[str, Any] = {"nonHostNetwork": {"enabled": True}, **converted.pools[0]}
+    """Helm values of the ack-rdma-device-plugin chart: one resource at the top level,
+    several as the chart's ``pools``."""
+    doc: dict[str, Any] = {"nonHostNetwork": {"enabled": True}}
+    if len(converted.pools) == 1:
+        doc.update(converted.pools[0])
+    else:
+        doc["pools"] = list(converted.pools)
     return _header(converted, path, values=True) + _dump(doc)
 
 

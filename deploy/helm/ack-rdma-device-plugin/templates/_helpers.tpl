@@ -31,6 +31,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
+{{/*
+values.yaml's image.repository: a placeholder where no image is published; the notes warn
+while it is still set (a test holds values.yaml to it).
+*/}}
+{{- define "rdma.unpublishedImage" -}}ghcr.io/rdma-hca/rdma-hca{{- end -}}
+
 {{/* A digest, when given, pins the image whatever the tag says. */}}
 {{- define "rdma.image" -}}
 {{- if .Values.image.digest -}}
@@ -118,7 +124,15 @@ says which HCA is taken twice.
 {{- if and (not $dpOn) (not .Values.dra.enabled) -}}
 {{- fail "devicePlugin.enabled=false with dra.enabled=false: nothing would be offered; turn one of them on (devicePlugin.enabled=false is for running the DRA driver alone)" -}}
 {{- end -}}
-{{- if and $dpOn .Values.dra.enabled (or (not .Values.selectors) (not .Values.dra.selectors)) -}}
+{{- /* A pool without selectors of its own has the top-level ones. */ -}}
+{{- $takesAll := not .Values.selectors -}}
+{{- if .Values.pools -}}
+{{- $takesAll = false -}}
+{{- range .Values.pools -}}
+{{- if not (.selectors | default $.Values.selectors) -}}{{- $takesAll = true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $dpOn .Values.dra.enabled (or $takesAll (not .Values.dra.selectors)) -}}
 {{- fail "dra.enabled=true with devicePlugin.enabled=true: the device plugin pool (selectors) and the DRA driver (dra.selectors) would both offer every HCA; set devicePlugin.enabled=false to run DRA alone, or give selectors and dra.selectors different HCAs (e.g. selectors.names={mlx5_0,mlx5_1} and dra.selectors.names={mlx5_2,mlx5_3})" -}}
 {{- end -}}
 {{- end -}}
@@ -128,17 +142,69 @@ The schema checks the shape of resourceName; these are the kubelet's other rules
 extended resource name, which a JSON schema pattern cannot say clearly.
 */}}
 {{- define "rdma.checkResourceName" -}}
-{{- if contains "kubernetes.io/" .Values.resourceName -}}
-{{- fail (printf "resourceName %q: the kubernetes.io domain is reserved for built-in resources; use your own domain, e.g. rdma/hca or example.com/rdma" .Values.resourceName) -}}
+{{- $seen := dict -}}
+{{- range $i, $name := include "rdma.resourceNames" . | fromJsonArray -}}
+{{- $key := ternary (printf "pools[%d].resourceName" $i) "resourceName" (gt (len $.Values.pools) 0) -}}
+{{- if contains "kubernetes.io/" $name -}}
+{{- fail (printf "%s %q: the kubernetes.io domain is reserved for built-in resources; use your own domain, e.g. rdma/hca or example.com/rdma" $key $name) -}}
 {{- end -}}
-{{- if hasPrefix "requests." .Values.resourceName -}}
-{{- fail (printf "resourceName %q: names starting with \"requests.\" are reserved for quotas; use e.g. rdma/hca" .Values.resourceName) -}}
+{{- if hasPrefix "requests." $name -}}
+{{- fail (printf "%s %q: names starting with \"requests.\" are reserved for quotas; use e.g. rdma/hca" $key $name) -}}
+{{- end -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "%s %q: another pool has that name already; each pool needs its own resourceName" $key $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name true -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The resource name as a CEL string literal; the schema's pattern keeps quotes out of it. */}}
+{{/*
+An exclusive pool hands each HCA to one pod: beside a pool that takes every HCA (no
+selectors of its own and none at the top level) it would share its HCAs. The daemon refuses
+that too, naming the HCA; here the install fails before any pod starts. Overlaps that only
+the node can show are left to the daemon.
+*/}}
+{{- define "rdma.checkPools" -}}
+{{- range $i, $ex := .Values.pools -}}
+{{- if eq ($ex.mode | default $.Values.mode) "exclusive" -}}
+{{- range $j, $other := $.Values.pools -}}
+{{- if ne $i $j -}}
+{{- $whole := "" -}}
+{{- if not ($ex.selectors | default $.Values.selectors) -}}{{- $whole = $ex.resourceName -}}{{- end -}}
+{{- if not ($other.selectors | default $.Values.selectors) -}}{{- $whole = $other.resourceName -}}{{- end -}}
+{{- if $whole -}}
+{{- fail (printf "pools[%d]: the exclusive pool %s and the pool %s would both hold an HCA (%s takes every HCA: it has no selectors, nor does the top level): an exclusive pool gives each HCA to one pod only; give the pools selectors that keep their HCAs apart" $i $ex.resourceName $other.resourceName $whole) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The resource names pods ask for, as a JSON list: every pool's, or resourceName's. */}}
+{{- define "rdma.resourceNames" -}}
+{{- $names := list -}}
+{{- range .Values.pools -}}{{- $names = append $names .resourceName -}}{{- end -}}
+{{- if not $names -}}{{- $names = list .Values.resourceName -}}{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* The first of them (resourceName without pools) as a CEL string literal. */}}
 {{- define "rdma.celResourceName" -}}
-{{- printf "'%s'" .Values.resourceName -}}
+{{- printf "'%s'" (include "rdma.resourceNames" . | fromJsonArray | first) -}}
+{{- end -}}
+
+{{/* The same names for people: "rdma/hca" or "rdma/a, rdma/b". */}}
+{{- define "rdma.resourceNamesText" -}}
+{{- include "rdma.resourceNames" . | fromJsonArray | join ", " -}}
+{{- end -}}
+
+{{/* The resource names as a CEL list of string literals; the schema's pattern keeps quotes
+out of them. */}}
+{{- define "rdma.celResourceNames" -}}
+{{- $quoted := list -}}
+{{- range include "rdma.resourceNames" . | fromJsonArray -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
+[{{ join ", " $quoted }}]
 {{- end -}}
 
 {{/*
@@ -146,6 +212,17 @@ The daemon's config file. Rendered once here so the ConfigMap and the pod's chec
 annotation are computed from the same text.
 */}}
 {{- define "rdma.config" -}}
+{{- if .Values.pools }}
+{{- /* Each pool written out whole, the top-level pool values filling what it leaves out (its
+selectors replace the top-level ones, as the daemon reads them): no top-level default is
+left for the daemon to warn about. */ -}}
+pools:
+{{- range .Values.pools }}
+{{- $pool := merge (omit . "selectors") (dict "rdmaHcaMax" $.Values.rdmaHcaMax "mode" $.Values.mode "unhealthyWhen" $.Values.unhealthyWhen) }}
+{{- $_ := set $pool "selectors" (.selectors | default $.Values.selectors | default dict) }}
+  - {{- toYaml $pool | nindent 4 }}
+{{- end }}
+{{- else -}}
 resourceName: {{ .Values.resourceName | quote }}
 rdmaHcaMax: {{ .Values.rdmaHcaMax }}
 mode: {{ .Values.mode }}
@@ -155,6 +232,7 @@ selectors:
   {{- toYaml .Values.selectors | nindent 2 }}
 {{- else }}
 selectors: {}
+{{- end }}
 {{- end }}
 nonHostNetwork: {{ .Values.nonHostNetwork.enabled }}
 ncclEnv: {{ .Values.ncclEnv | toJson }}

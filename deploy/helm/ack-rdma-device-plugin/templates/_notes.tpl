@@ -4,6 +4,13 @@ The text of NOTES.txt, as a named template so it can be rendered for any set of 
 */}}
 {{- define "rdma.notes" -}}
 rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.Namespace }}.
+{{- if eq .Values.image.repository (include "rdma.unpublishedImage" .) }}
+
+WARNING: image.repository is still {{ .Values.image.repository }}, the chart's placeholder:
+no image is published there, so the plugin pods cannot pull it (ImagePullBackOff). Point it
+at the image a release pushed (ghcr.io/<owner>/rdma-hca) or at your own build:
+  helm upgrade {{ .Release.Name }} <chart> -n {{ .Release.Namespace }} --reuse-values --set image.repository=<registry>/rdma-hca
+{{- end }}
 
 1. Check that a pod runs on every RDMA node (DESIRED == READY):
      kubectl get ds {{ include "rdma.dsName" . }} -n {{ .Release.Namespace }}
@@ -16,15 +23,15 @@ rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.
 
 {{- if include "rdma.devicePluginEnabled" . }}
 
-2. Check that a node offers the resource ({{ .Values.resourceName }} in capacity and allocatable):
+2. Check that a node offers the resource ({{ include "rdma.resourceNamesText" . }} in capacity and allocatable):
      kubectl get node <node> -o yaml
 {{- else }}
 
-2. The device plugin is off (devicePlugin.enabled=false): nodes offer no {{ .Values.resourceName }}
+2. The device plugin is off (devicePlugin.enabled=false): nodes offer no {{ include "rdma.resourceNamesText" . }}
    of their own; it is served only through DRA where the cluster maps it (see below).
 {{- end }}
 
-3. Ask for it in a pod: resources.limits: {{ printf "{%s: 1}" .Values.resourceName }}
+3. Ask for it in a pod: resources.limits: {{ printf "{%s: 1}" (include "rdma.resourceNames" . | fromJsonArray | first) }}
 {{- if .Values.nonHostNetwork.enabled }}
    Non-hostNetwork RDMA is ON: any pod may ask for it. This works only when the nodes' RDMA
    compute network is IPv6; on IPv4, RDMA does not work in pods without hostNetwork.
@@ -35,7 +42,7 @@ rdma-hca is installed as DaemonSet {{ include "rdma.dsName" . }} in {{ .Release.
    Only pods with spec.hostNetwork: true can use it, but this cluster does not serve
    admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes < 1.30), so the
    chart installed NO admission policy: a pod without hostNetwork that asks for
-   {{ .Values.resourceName }} is scheduled and its RDMA fails at run time, and no warning
+   {{ include "rdma.resourceNamesText" . }} is scheduled and its RDMA fails at run time, and no warning
    names a container without IPC_LOCK. Upgrade the cluster to 1.30+ and run
    `helm upgrade --reuse-values` to get the policies.
 {{- end }}
