@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim import specs as sim_specs
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
 from rdma_hca.node.sysfs import (
+    HW_PREFIX,
     UNKNOWN,
     discover_node,
     natural_key,
@@ -293,6 +295,41 @@ def test_read_port_counters(tmp_path: Path) -> None:
     assert "vl15_dropped" not in counters
     assert read_port_counters(node.sysfs_root, "mlx5_10", 1) == {}
     assert read_port_counters(node.sysfs_root, "mlx5_1", 2) == {}
+
+
+def test_port_counters_hold_every_abi_counter_and_the_hw_counters(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
+    node.set_counter("mlx5_0", 1, "VL15_dropped", 5)
+    node.set_counter("mlx5_0", 1, "np_cnp_sent", 2**64 - 1, hw=True)
+    counters = read_port_counters(node.sysfs_root, "mlx5_0", 1)
+    assert {n for n in counters if not n.startswith(HW_PREFIX)} == set(sim_specs.COUNTERS)
+    hw = {n.removeprefix(HW_PREFIX) for n in counters if n.startswith(HW_PREFIX)}
+    assert hw == set(sim_specs.MLX5_HW_COUNTERS + sim_specs.MLX5_ROCE_HW_COUNTERS)
+    assert counters["VL15_dropped"] == 5
+    assert counters[HW_PREFIX + "np_cnp_sent"] == 2**64 - 1
+    assert HW_PREFIX + "lifespan" not in counters  # a setting of the driver, not a counter
+
+
+def test_hostile_hw_counter_files_are_left_out(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=1, bond=False, gid_table_size=4)
+    hw = "class/infiniband/mlx5_0/ports/1/hw_counters"
+    node.set_counter("mlx5_0", 1, "out_of_sequence", 17, hw=True)
+    for name, content in (("np_cnp_sent", "N/A\n"), ("rp_cnp_handled", "9" * 400 + "\n"),
+                          ("packet_seq_err", str(2**64) + "\n"), ("duplicate_request", "-1\n"),
+                          ("implied_nak_seq_err", "\xff\xfe\n"), ("a" * 65, "1\n"),
+                          ('odd"name', "3\n")):
+        node.write(f"{hw}/{name}", content)
+    os.mkdir(node.sysfs_root / hw / "a_directory")
+    (node.sysfs_root / hw / os.fsdecode(b"bad\xffname")).write_text("1\n")
+    counters = read_port_counters(node.sysfs_root, "mlx5_0", 1)
+    hw_names = {n.removeprefix(HW_PREFIX) for n in counters if n.startswith(HW_PREFIX)}
+    assert counters[HW_PREFIX + "out_of_sequence"] == 17
+    assert counters[HW_PREFIX + 'odd"name'] == 3  # odd, but a number: the label escapes it
+    for gone in ("np_cnp_sent", "rp_cnp_handled", "packet_seq_err", "duplicate_request",
+                 "implied_nak_seq_err", "a" * 65, "a_directory"):
+        assert gone not in hw_names
+    assert not any("\udcff" in n for n in hw_names)
+    assert counters["port_rcv_data"] == 0  # the other directory is read all the same
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,8 @@ from rdma_hca.daemon.observe.metrics import render
 from rdma_hca.daemon.observe.port_metrics import (
     BYTES_PER_GBIT,
     COUNTERS,
+    HW_COUNTERS,
+    HW_DOC,
     PORT_STATES,
     PortText,
     port_text,
@@ -31,6 +33,7 @@ from rdma_hca.daemon.observe.status import Status
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.discovery import discover_node
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
+from rdma_hca.node.sysfs import HW_PREFIX, read_port_counters
 
 Counters = dict[tuple[str, int], dict[str, int]]
 Changes = dict[tuple[str, int], int]
@@ -56,6 +59,8 @@ class Reference:
                                          f"Port counter {name} from sysfs",
                                          labels=["hca", "port"])
                for name, (metric, _) in COUNTERS.items()}
+        hw = CounterMetricFamily(HW_COUNTERS.removesuffix("_total"), HW_DOC,
+                                 labels=["hca", "port", "counter"])
         for h in self.hcas:
             for p in h.ports:
                 labels = [h.name, str(p.number)]
@@ -70,7 +75,10 @@ class Reference:
                 for name, (_, scale) in COUNTERS.items():
                     if name in values:
                         per[name].add_metric(labels, values[name] * scale)
-        yield from (up, state, rate, changes, *per.values())
+                for name, value in values.items():
+                    if name.startswith(HW_PREFIX):
+                        hw.add_metric([*labels, name.removeprefix(HW_PREFIX)], value)
+        yield from (up, state, rate, changes, *per.values(), hw)
 
 
 def reference(hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> str:
@@ -97,11 +105,18 @@ def test_simulated_nodes_render_as_the_library_does(make: object, tmp_path: Path
     node = make(tmp_path / "n")
     hcas = discover_node(node.sysfs_root, node.dev_root).hcas
     assert hcas
-    counters = {(h.name, p.number): {"port_rcv_data": 7 + i, "link_downed": i,
-                                     "port_xmit_packets": 2**64 - 1}
+    # What the node's files hold, every counter and hw counter, then some values changed.
+    counters = {(h.name, p.number): {**read_port_counters(node.sysfs_root, h.name, p.number),
+                                     "port_rcv_data": 7 + i, "link_downed": i,
+                                     "port_xmit_packets": 2**64 - 1, "VL15_dropped": 3,
+                                     HW_PREFIX + "np_cnp_sent": 10**12 + i}
                 for i, h in enumerate(hcas) for p in h.ports}
     changes = {(hcas[0].name, hcas[0].ports[0].number): 3}
-    assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
+    text = port_text(hcas, counters, changes)
+    assert text == reference(hcas, counters, changes)
+    for metric, _ in COUNTERS.values():
+        assert f"\n{metric}{{" in text  # the sim writes every counter of the ABI
+    assert 'rdma_hca_port_hw_counter_total{counter="np_cnp_sent",' in text
 
 
 def test_odd_names_states_and_missing_values_render_as_the_library_does() -> None:
@@ -110,7 +125,8 @@ def test_odd_names_states_and_missing_values_render_as_the_library_does() -> Non
         hca("mlx5_ü", state="UNKNOWN", phys="UNKNOWN", rate=0.0, layer=LinkLayer.INFINIBAND),
         hca("mlx5_2", rate=2.5, ports=0),
     )
-    counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5},
+    counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5,
+                                              HW_PREFIX + 'odd"name\\': 4},
                           (hcas[1].name, 1): {}}
     changes: Changes = {(hcas[1].name, 1): 10**15, ("gone", 1): 2}
     text = port_text(hcas, counters, changes)
@@ -130,7 +146,8 @@ names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_siz
 def test_any_names_and_values_render_as_the_library_does(
         ports: list[tuple[str, str, float | None, int]]) -> None:
     hcas = tuple(hca(n, state=s, rate=r) for n, s, r, _ in ports)
-    counters: Counters = {(n, 1): {"port_xmit_data": v, "link_downed": v % 7}
+    counters: Counters = {(n, 1): {"port_xmit_data": v, "link_downed": v % 7,
+                                   HW_PREFIX + n: v // 3}
                           for n, _, _, v in ports}
     changes: Changes = {(n, 1): v % 1000 for n, _, _, v in ports}
     assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)

@@ -1,6 +1,7 @@
 """The per-port families of ``/metrics``, written straight to exposition text and kept.
 
-They are most of a scrape: sixteen samples per port, 8k lines on a node of 256 two-port
+They are most of a scrape: some seventy samples per port (the sysfs counters and the
+driver's hw_counters), 36k lines on a node of 256 two-port
 HCAs. Built through prometheus_client's generic families they cost about 20 µs a sample
 (label validation and escaping, a record per sample), a fifth of a second of Python per
 scrape at that size; on a worker thread that still holds the GIL the event loop needs.
@@ -22,9 +23,14 @@ from collections.abc import Iterable, Mapping
 from prometheus_client.utils import floatToGoString
 
 from rdma_hca.node.model import Hca
+from rdma_hca.node.sysfs import HW_PREFIX
 
 PORT_STATES = ("ACTIVE", "DOWN", "INIT", "ARMED", "ACTIVE_DEFER", "UNKNOWN")
-# sysfs counter -> (metric, scale). The data counters count 4-byte words (IB spec).
+# The counters of ports/N/counters (the kernel's sysfs ABI, the IB PortCounters and
+# PortCountersExtended attributes): sysfs name -> (metric, scale). The data counters count
+# 4-byte words (IB spec), so they are scaled to bytes; port_xmit_wait counts ticks whose
+# length the device decides, so it stays in ticks. The first seven names are older than
+# the rest and keep their order.
 COUNTERS = {
     "port_rcv_data": ("rdma_hca_port_receive_bytes_total", 4),
     "port_xmit_data": ("rdma_hca_port_transmit_bytes_total", 4),
@@ -33,7 +39,27 @@ COUNTERS = {
     "port_rcv_errors": ("rdma_hca_port_receive_errors_total", 1),
     "port_xmit_discards": ("rdma_hca_port_transmit_discards_total", 1),
     "link_downed": ("rdma_hca_port_link_downed_total", 1),
+    "symbol_error": ("rdma_hca_port_symbol_errors_total", 1),
+    "link_error_recovery": ("rdma_hca_port_link_error_recoveries_total", 1),
+    "port_rcv_remote_physical_errors":
+        ("rdma_hca_port_receive_remote_physical_errors_total", 1),
+    "port_rcv_switch_relay_errors": ("rdma_hca_port_receive_switch_relay_errors_total", 1),
+    "port_rcv_constraint_errors": ("rdma_hca_port_receive_constraint_errors_total", 1),
+    "port_xmit_constraint_errors": ("rdma_hca_port_transmit_constraint_errors_total", 1),
+    "local_link_integrity_errors": ("rdma_hca_port_local_link_integrity_errors_total", 1),
+    "excessive_buffer_overrun_errors":
+        ("rdma_hca_port_excessive_buffer_overrun_errors_total", 1),
+    "VL15_dropped": ("rdma_hca_port_vl15_dropped_packets_total", 1),
+    "port_xmit_wait": ("rdma_hca_port_transmit_wait_ticks_total", 1),
+    "unicast_rcv_packets": ("rdma_hca_port_unicast_receive_packets_total", 1),
+    "unicast_xmit_packets": ("rdma_hca_port_unicast_transmit_packets_total", 1),
+    "multicast_rcv_packets": ("rdma_hca_port_multicast_receive_packets_total", 1),
+    "multicast_xmit_packets": ("rdma_hca_port_multicast_transmit_packets_total", 1),
 }
+# ports/N/hw_counters: what the driver counts (mlx5: congestion, retransmits, CQE errors;
+# other drivers their own set), so one family with the file name as the `counter` label.
+HW_COUNTERS = "rdma_hca_port_hw_counter_total"
+HW_DOC = "Driver counter of the port from sysfs hw_counters, by file name"
 BYTES_PER_GBIT = 1e9 / 8
 
 Counters = Mapping[tuple[str, int], Mapping[str, int]]
@@ -65,6 +91,9 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                      "Up/down transitions of the port seen by the daemon", "counter")]
     per_counter = {name: [_head(metric, f"Port counter {name} from sysfs", "counter")]
                    for name, (metric, _) in COUNTERS.items()}
+    hw = [_head(HW_COUNTERS, HW_DOC, "counter")]
+    escaped: dict[str, str] = {}  # hw counter names repeat on every port: escaped once
+    skip = len(HW_PREFIX)
     for h in hcas:
         hca = escape_value(h.name)
         for p in h.ports:
@@ -88,8 +117,15 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                     if name in values:
                         per_counter[name].append(
                             f"{metric}{{{labels}}} {_value(values[name] * scale)}\n")
+                for name, value in values.items():
+                    if not name.startswith(HW_PREFIX):
+                        continue
+                    label = escaped.get(name)
+                    if label is None:
+                        label = escaped[name] = escape_value(name[skip:])
+                    hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_value(value)}\n')
     return "".join([*up, *state, *rate, *changed,
-                    *(line for lines in per_counter.values() for line in lines)])
+                    *(line for lines in per_counter.values() for line in lines), *hw])
 
 
 class PortText:
