@@ -73,7 +73,7 @@ class Daemon:
             PoolRuntime(p, nccl_env=settings.nccl_env, cdi=settings.cdi.enabled)
             for p in settings.pools
         ]
-        self.allocations = AllocationStats()
+        self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
         self.lifecycle = KubeletLifecycle(
             self.runtimes,
             settings.kubelet_dir,
@@ -138,6 +138,7 @@ class Daemon:
                     missing=r.missing_hcas,
                     registered=bool(self.lifecycle.registered.get(r.resource_name)),
                     registrations=self.lifecycle.registrations.get(r.resource_name, 0),
+                    selected=r.selected_hcas,
                 )
                 for r in self.runtimes
             ),

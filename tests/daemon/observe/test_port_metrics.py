@@ -25,6 +25,8 @@ from rdma_hca.daemon.observe.port_metrics import (
     COUNTERS,
     HW_COUNTERS,
     HW_DOC,
+    INFO,
+    INFO_DOC,
     PORT_STATES,
     PortText,
     port_text,
@@ -46,6 +48,9 @@ class Reference:
         self.hcas, self.counters, self.changes = hcas, counters, changes
 
     def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(INFO, INFO_DOC, labels=[
+            "hca", "port", "netdev", "link_layer", "driver", "pci_address", "numa_node",
+            "pcie_root", "firmware_version", "board_id", "node_guid"])
         up = GaugeMetricFamily("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp",
                                labels=["hca", "port", "link_layer"])
         state = GaugeMetricFamily("rdma_hca_port_state", "1 for the port's current state",
@@ -63,6 +68,13 @@ class Reference:
                                  labels=["hca", "port", "counter"])
         for h in self.hcas:
             for p in h.ports:
+                for netdev in p.netdevs or ("",):
+                    info.add_metric([
+                        h.name, str(p.number), netdev, p.link_layer.value, h.driver or "",
+                        h.pci_address or "", "" if h.numa_node is None else str(h.numa_node),
+                        h.pcie_root or "", h.fw_ver or "", h.board_id or "",
+                        h.node_guid or ""], 1.0)
+            for p in h.ports:
                 labels = [h.name, str(p.number)]
                 up.add_metric([*labels, p.link_layer.value], 1.0 if p.is_up else 0.0)
                 known = p.state if p.state in PORT_STATES else "UNKNOWN"
@@ -78,7 +90,7 @@ class Reference:
                 for name, value in values.items():
                     if name.startswith(HW_PREFIX):
                         hw.add_metric([*labels, name.removeprefix(HW_PREFIX)], value)
-        yield from (up, state, rate, changes, *per.values(), hw)
+        yield from (info, up, state, rate, changes, *per.values(), hw)
 
 
 def reference(hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> str:
@@ -125,6 +137,11 @@ def test_odd_names_states_and_missing_values_render_as_the_library_does() -> Non
         hca("mlx5_ü", state="UNKNOWN", phys="UNKNOWN", rate=0.0, layer=LinkLayer.INFINIBAND),
         hca("mlx5_2", rate=2.5, ports=0),
     )
+    first = hcas[0]
+    hcas = (replace(first, fw_ver='22.1\\"x', board_id="MT\n1", numa_node=1,
+                    pci_address="0000:3b:00.0", pcie_root="pci0000:3a",
+                    ports=(replace(first.ports[0], netdevs=('eth"0', "eth1")),
+                           *first.ports[1:])), *hcas[1:])
     counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5,
                                               HW_PREFIX + 'odd"name\\': 4},
                           (hcas[1].name, 1): {}}
@@ -132,6 +149,7 @@ def test_odd_names_states_and_missing_values_render_as_the_library_does() -> Non
     text = port_text(hcas, counters, changes)
     assert text == reference(hcas, counters, changes)
     assert 'hca="mlx\\"5\\\\0\\n"' in text  # escaped once, where the name is a label
+    assert text.count("rdma_hca_hca_info{") == 4  # one per port and netdev
     assert port_text((), {}, {}) == reference((), {}, {})
 
 

@@ -45,6 +45,11 @@ class PoolRuntime:
         return tuple(h.name for h in self.view.missing)
 
     @property
+    def selected_hcas(self) -> tuple[str, ...]:
+        """Names of the HCAs the pool's selectors match now (for /metrics)."""
+        return tuple(h.name for h in self.view.hcas)
+
+    @property
     def selected_hca_count(self) -> int:
         """HCAs the pool's selectors match now, usable or not (for /metrics)."""
         return len(self.view.hcas)

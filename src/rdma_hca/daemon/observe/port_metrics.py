@@ -18,7 +18,7 @@ renders both ways); the family names are a contract with the chart's alerts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.utils import floatToGoString
 
@@ -81,8 +81,30 @@ def _head(name: str, doc: str, kind: str) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
 
+INFO = "rdma_hca_hca_info"
+INFO_DOC = ("1 for each port of an HCA, labelled with what joins it to other series: netdev, "
+            "PCI address, NUMA node, PCIe root, firmware")
+
+
+def _info_lines(h: Hca, hca: str) -> Iterator[str]:
+    """One line per port and netdev (a port without a netdev: one, netdev empty)."""
+    fixed = (f'board_id="{escape_value(h.board_id or "")}",'
+             f'driver="{escape_value(h.driver or "")}",'
+             f'firmware_version="{escape_value(h.fw_ver or "")}",hca="{hca}",')
+    tail = (f'node_guid="{escape_value(h.node_guid or "")}",'
+            f'numa_node="{"" if h.numa_node is None else h.numa_node}",'
+            f'pci_address="{escape_value(h.pci_address or "")}",'
+            f'pcie_root="{escape_value(h.pcie_root or "")}",')
+    for p in h.ports:
+        layer = escape_value(p.link_layer.value)
+        for netdev in p.netdevs or ("",):
+            yield (f'{INFO}{{{fixed}link_layer="{layer}",netdev="{escape_value(netdev)}",'
+                   f'{tail}port="{p.number}"}} 1.0\n')
+
+
 def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
     """Exposition text of every per-port family, in the order /metrics shows them."""
+    info = [_head(INFO, INFO_DOC, "gauge")]
     up = [_head("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp", "gauge")]
     state = [_head("rdma_hca_port_state", "1 for the port's current state", "gauge")]
     rate = [_head("rdma_hca_port_rate_bytes_per_second", "Port rate in bytes per second",
@@ -96,6 +118,7 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
     skip = len(HW_PREFIX)
     for h in hcas:
         hca = escape_value(h.name)
+        info.extend(_info_lines(h, hca))
         for p in h.ports:
             key = (h.name, p.number)
             # Labels in name order, as prometheus_client writes them.
@@ -124,7 +147,7 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                     if label is None:
                         label = escaped[name] = escape_value(name[skip:])
                     hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_value(value)}\n')
-    return "".join([*up, *state, *rate, *changed,
+    return "".join([*info, *up, *state, *rate, *changed,
                     *(line for lines in per_counter.values() for line in lines), *hw])
 
 

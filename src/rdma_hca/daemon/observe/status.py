@@ -23,6 +23,7 @@ class PoolStatus:
     missing: tuple[str, ...]  # HCAs the pool held that have vanished
     registered: bool
     registrations: int
+    selected: tuple[str, ...] = ()  # names of the HCAs it selects now
 
 
 @dataclass(frozen=True, slots=True)
