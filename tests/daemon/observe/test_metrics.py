@@ -134,7 +134,7 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             assert value(samples, "rdma_hca_hca_info", hca="mlx5_2", port="1")
             assert value(samples, "rdma_hca_port_symbol_errors_total", hca="mlx5_2",
                          port="1") == 0
-            assert value(samples, "rdma_hca_port_hw_counter_total", hca="mlx5_2", port="1",
+            assert value(samples, "rdma_hca_port_hw_events_total", hca="mlx5_2", port="1",
                          counter="np_cnp_sent") == 0
             assert value(samples, "rdma_hca_port_receive_bytes_total",
                          hca="mlx5_2", port="1") == 4 * 1_000_000

@@ -128,7 +128,7 @@ def test_simulated_nodes_render_as_the_library_does(make: object, tmp_path: Path
     assert text == reference(hcas, counters, changes)
     for metric, _ in COUNTERS.values():
         assert f"\n{metric}{{" in text  # the sim writes every counter of the ABI
-    assert 'rdma_hca_port_hw_counter_total{counter="np_cnp_sent",' in text
+    assert 'rdma_hca_port_hw_events_total{counter="np_cnp_sent",' in text
 
 
 def test_odd_names_states_and_missing_values_render_as_the_library_does() -> None:

@@ -58,7 +58,7 @@ COUNTERS = {
 }
 # ports/N/hw_counters: what the driver counts (mlx5: congestion, retransmits, CQE errors;
 # other drivers their own set), so one family with the file name as the `counter` label.
-HW_COUNTERS = "rdma_hca_port_hw_counter_total"
+HW_COUNTERS = "rdma_hca_port_hw_events_total"
 HW_DOC = "Driver counter of the port from sysfs hw_counters, by file name"
 BYTES_PER_GBIT = 1e9 / 8
 
