@@ -323,6 +323,17 @@ def test_every_expression_parses(where: str, expr: str) -> None:
     assert selectors(expr), f"{where}: no series selector in {expr!r}"
 
 
+def test_the_documented_joins_parse() -> None:
+    text = (REPO / "docs" / "metrics.md").read_text()
+    blocks = re.findall(r"```promql\n(.*?)```", text, re.S)
+    queries = [q for b in blocks for q in re.split(r"\n\s*\n", b) if q.strip()]
+    assert len(queries) >= 3
+    for query in queries:
+        expr = "\n".join(line for line in query.splitlines() if not line.startswith("#"))
+        names = {name for name, _ in selectors(expr)}
+        assert "rdma_hca_hca_info" in names or any(n.startswith("rdma_hca_") for n in names)
+
+
 def test_the_parser_rejects_broken_promql() -> None:
     with pytest.raises(ValueError):
         promql_parser.parse("increase(rdma_hca_allocations_total{result=\"error\"}[10m] > 0")
