@@ -314,6 +314,41 @@ def test_dashboard_configmap_for_the_grafana_sidecar(render: RenderFn) -> None:
     assert "ack-rdma-dp-ds-dashboard" not in {o["metadata"]["name"] for o in render()}
 
 
+def test_the_dashboard_follows_the_conventions() -> None:
+    panels = [p for p in dashboard()["panels"] if p["type"] != "row"]
+    by_title = {p["title"]: p for p in panels}
+    for p in panels:
+        exprs = [t["expr"] for t in p.get("targets", [])]
+        # Rates and per-window increases on one axis read as the same unit and are not.
+        assert not (any("rate(" in e for e in exprs) and any("increase(" in e for e in exprs)), \
+            p["title"]
+        for e in exprs:
+            assert "job=" not in e and "job!" not in e, f"{p['title']}: filters on the job name"
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        if p["title"].endswith("calls/s"):
+            assert unit == "reqps", p["title"]
+        if p["type"] == "stat":
+            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            assert len(steps) >= 2, f"{p['title']}: a stat without thresholds"
+            if any(e.startswith("min(") for e in exprs):  # a 0/1 state: say it in words
+                assert p["fieldConfig"]["defaults"]["mappings"], p["title"]
+    queries = " ".join(dashboard_queries())
+    for wanted in ('up{app_kubernetes_io_name="ack-rdma-device-plugin"', "rdma_hca_hca_missing",
+                   "rdma_hca_dra_registered", "rdma_hca_dra_slice_published", "np_cnp_sent",
+                   "out_of_sequence", "rdma_hca_hca_info"):
+        assert wanted in queries, f"no panel shows {wanted}"
+    assert len(by_title) == len(panels), "two panels with one title"
+    # Panels do not overlap.
+    cells: set[tuple[int, int]] = set()
+    for p in dashboard()["panels"]:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        assert g["x"] + g["w"] <= 24
+        cells |= mine
+
+
 # ----------------------------------------------------------------------------------- PromQL
 
 
