@@ -324,7 +324,7 @@ class DraDriver:
                     out[ref.uid] = await self._prepare_one(ref)
                 except Exception as exc:
                     log.warning("claim %s/%s (%s) not prepared: %s", ref.namespace, ref.name,
-                                ref.uid, exc)
+                                ref.uid, exc, extra={"claim": f"{ref.namespace}/{ref.name}"})
                     out[ref.uid] = PrepareResult(error=str(exc) or type(exc).__name__)
             if self.prepared != before:
                 try:
@@ -375,7 +375,8 @@ class DraDriver:
         prepared = PreparedClaim(ref.namespace, ref.name, tuple(devices))
         self.prepared[ref.uid] = prepared
         log.info("claim %s/%s prepared: %s", ref.namespace, ref.name,
-                 ", ".join(f"{d.device} ({d.hca})" for d in devices))
+                 ", ".join(f"{d.device} ({d.hca})" for d in devices),
+                 extra={"claim": f"{ref.namespace}/{ref.name}"})
         return PrepareResult(prepared.devices)
 
     def _hca(self, device: str, hca_name: str | None) -> Hca:
@@ -403,7 +404,8 @@ class DraDriver:
                     await self._io(files.remove_claim_spec, self.config.cdi_spec_dir,
                                    self.config.driver_name, ref.uid)
                     if self.prepared.pop(ref.uid, None) is not None:
-                        log.info("claim %s/%s unprepared", ref.namespace, ref.name)
+                        log.info("claim %s/%s unprepared", ref.namespace, ref.name,
+                                 extra={"claim": f"{ref.namespace}/{ref.name}"})
                     out[ref.uid] = ""
                 except Exception as exc:
                     out[ref.uid] = f"cannot remove the CDI spec: {exc}"
