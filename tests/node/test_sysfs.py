@@ -589,3 +589,36 @@ def test_readers_only_tests_use_live_with_the_tests() -> None:
 
     assert not hasattr(sysfs, "discover")
     assert not hasattr(sysfs, "read_netns_mode")
+
+
+def test_the_gpus_are_found_with_their_pcie_root(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=4, bond=False, gid_table_size=4)
+    # Not GPUs: an NVIDIA function of another class, a function of another vendor, and
+    # one whose vendor file cannot be read.
+    devices = node.sysfs_root / "bus" / "pci" / "devices"
+    for name, vendor, cls in (("0000:e0:00.1", "0x10de", "0x040300"),
+                              ("0000:e1:00.0", "0x1002", "0x038000")):
+        fn = node.sysfs_root / "devices" / "pci0000:e0" / name
+        fn.mkdir(parents=True)
+        (fn / "vendor").write_text(vendor + "\n")
+        (fn / "class").write_text(cls + "\n")
+        (devices / name).symlink_to(os.path.relpath(fn, devices))
+    odd = node.sysfs_root / "devices" / "pci0000:e0" / "0000:e2:00.0"
+    (odd / "vendor").mkdir(parents=True)
+    (devices / "0000:e2:00.0").symlink_to(os.path.relpath(odd, devices))
+    inv = discover_node(node.sysfs_root, node.dev_root)
+    by_root: dict[str, list[str]] = {}
+    for gpu in inv.gpus:
+        assert gpu.pcie_root is not None and gpu.device == "0x2330"
+        by_root.setdefault(gpu.pcie_root, []).append(gpu.pci_address)
+    assert by_root == node.gpus_by_root()
+    assert {h.pcie_root for h in inv.hcas} <= set(by_root)  # each HCA has GPUs beside it
+    assert inv.gpus[0].dcgm_bus_id == "00000000:" + inv.gpus[0].pci_address[5:].upper()
+    assert not any(w for w in inv.warnings if "0000:e" in w)  # not the HCAs' business
+
+
+def test_a_gpu_bus_id_reads_as_dcgm_writes_it() -> None:
+    from rdma_hca.node.model import Gpu
+
+    assert Gpu("0000:3b:00.0", None, None, None).dcgm_bus_id == "00000000:3B:00.0"
+    assert Gpu("10000:c1:1f.7", None, None, None).dcgm_bus_id == "00010000:C1:1F.7"

@@ -129,6 +129,7 @@ class Daemon:
         return Status(
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
+            gpus=inv.gpus if inv is not None else (),
             pools=tuple(
                 PoolStatus(
                     resource=r.resource_name,

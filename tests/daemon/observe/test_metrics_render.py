@@ -84,3 +84,15 @@ def test_the_info_series_carries_what_joins_an_hca_to_other_series() -> None:
         "pcie_root": "pci0000:3a", "firmware_version": "28.39.1002",
         "board_id": "MT_0000000838", "node_guid": "b859:9f03:00d4:3c22"}
     assert info["mlx5_1"]["numa_node"] == "" and info["mlx5_1"]["pci_address"] == ""
+
+
+def test_each_gpu_has_an_info_series_in_dcgms_bus_id_form() -> None:
+    from rdma_hca.node.model import Gpu
+
+    gpus = (Gpu("0000:3b:00.0", "0x2330", 0, "pci0000:3a"), Gpu("0000:c1:00.0", None, None, None))
+    s = metric_samples(render(replace(STATUS, gpus=gpus)).decode())
+    assert sorted(s["rdma_hca_gpu_info"], key=lambda x: x[0]["pci_address"]) == [
+        ({"pci_bus_id": "00000000:3B:00.0", "pci_address": "0000:3b:00.0",
+          "pcie_root": "pci0000:3a", "numa_node": "0", "device": "0x2330"}, 1.0),
+        ({"pci_bus_id": "00000000:C1:00.0", "pci_address": "0000:c1:00.0", "pcie_root": "",
+          "numa_node": "", "device": ""}, 1.0)]

@@ -48,6 +48,17 @@ class StatusFamilies:
         g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
         g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
         yield g
+        # DCGM names a GPU by its bus ID alone: this puts its PCIe root and NUMA node beside
+        # it, the labels rdma_hca_hca_info carries for each HCA.
+        gpus = GaugeMetricFamily(
+            "rdma_hca_gpu_info", "1 for each NVIDIA GPU of the node, with its PCI bus ID as "
+            "DCGM writes it, its PCIe root and NUMA node",
+            labels=["pci_bus_id", "pci_address", "pcie_root", "numa_node", "device"])
+        for gpu in s.gpus:
+            gpus.add_metric([gpu.dcgm_bus_id, gpu.pci_address, gpu.pcie_root or "",
+                             "" if gpu.numa_node is None else str(gpu.numa_node),
+                             gpu.device or ""], 1.0)
+        yield gpus
 
     def after_ports(self) -> Iterator[Metric]:
         s = self.status
