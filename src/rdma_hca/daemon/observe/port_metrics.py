@@ -77,6 +77,19 @@ def _value(value: float) -> str:
     return str(floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
+def _count(value: int) -> str:
+    """``_value`` of a counter, without the float round trip where that is exact: counters
+    are most of the samples, and most of them small. Go's form all the same (exponent
+    from a million on), as the library writes it."""
+    if 0 <= value < 1_000_000:
+        return f"{value}.0"
+    if 0 < value < 1 << 53:  # every integer here is a float exactly
+        digits = str(value)
+        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
+        return f"{mantissa}e+{len(digits) - 1:02d}"
+    return _value(value)
+
+
 def _head(name: str, doc: str, kind: str) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
@@ -133,20 +146,20 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                 rate.append(f"rdma_hca_port_rate_bytes_per_second{{{labels}}} "
                             f"{_value(p.rate_gbps * BYTES_PER_GBIT)}\n")
             changed.append(f"rdma_hca_port_state_changes_total{{{labels}}} "
-                           f"{_value(changes.get(key, 0))}\n")
+                           f"{_count(changes.get(key, 0))}\n")
             values = counters.get(key)
             if values:
                 for name, (metric, scale) in COUNTERS.items():
                     if name in values:
                         per_counter[name].append(
-                            f"{metric}{{{labels}}} {_value(values[name] * scale)}\n")
+                            f"{metric}{{{labels}}} {_count(values[name] * scale)}\n")
                 for name, value in values.items():
                     if not name.startswith(HW_PREFIX):
                         continue
                     label = escaped.get(name)
                     if label is None:
                         label = escaped[name] = escape_value(name[skip:])
-                    hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_value(value)}\n')
+                    hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_count(value)}\n')
     return "".join([*info, *up, *state, *rate, *changed,
                     *(line for lines in per_counter.values() for line in lines), *hw])
 
