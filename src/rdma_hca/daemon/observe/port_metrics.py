@@ -1,10 +1,10 @@
 """The per-port families of ``/metrics``, written straight to exposition text and kept.
 
-They are most of a scrape: some seventy samples per port (the sysfs counters and the
-driver's hw_counters), 36k lines on a node of 256 two-port
-HCAs. Built through prometheus_client's generic families they cost about 20 µs a sample
-(label validation and escaping, a record per sample), a fifth of a second of Python per
-scrape at that size; on a worker thread that still holds the GIL the event loop needs.
+They are most of a scrape: about sixty samples per port (the state, the info series, the
+sysfs counters and mlx5's hw_counters), 30k lines on a node of 256 two-port HCAs. Built
+through prometheus_client's generic families they would cost about 20 µs a sample (label
+validation and escaping, a record per sample), over half a second of Python per scrape at
+that size, on a worker thread that still holds the GIL the event loop needs.
 Here each port's label text is escaped once per inventory and the lines are formatted
 directly, and the text is kept until one of its three inputs (the inventory's HCAs, the
 counter cache, the state-change counts) is replaced: the daemon replaces those, never
