@@ -281,6 +281,7 @@ def test_the_alerts_cover_the_failures_operators_watch() -> None:
     assert {"RdmaHcaTargetDown", "RdmaHcaTargetAbsent", "RdmaHcaTargetMissingOnNode",
             "RdmaHcaDaemonSetNotAvailable", "RdmaHcaRestarting", "RdmaHcaMissing",
             "RdmaHcaHealthLoopStalled", "RdmaHcaCongestion", "RdmaHcaRetransmits",
+            "RdmaHcaLinkErrors",
             "RdmaHcaDraNotRegistered", "RdmaHcaDraSliceNotPublished",
             "RdmaHcaDraPrepareErrors"} <= set(by_name)
     # No threshold sits on a whole number of changes that increase() may read a hair above.
