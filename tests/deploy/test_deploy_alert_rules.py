@@ -1,5 +1,6 @@
 """The chart's alert rules under promtool: `check rules` and the unit tests of
-tests/deploy/alerts/alerts_test.yaml (a firing and a silent case for every alert).
+tests/deploy/alerts/alerts_test.yaml (a firing and a silent case for every alert, written by
+scripts/gen-alert-tests.py).
 
 promtool comes from Debian's `prometheus` package (`.ci/run` installs it where it is
 missing). The rules are the PrometheusRule's spec as helm renders it, so what is tested is
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_support import WITH_PROMETHEUS_OPERATOR, RenderFn
+from deploy_support import REPO, WITH_PROMETHEUS_OPERATOR, RenderFn
 from test_deploy_chart import one
 
 ALERT_TESTS = Path(__file__).parent / "alerts" / "alerts_test.yaml"
@@ -83,3 +85,9 @@ def test_every_alert_has_a_firing_and_a_silent_case(render: RenderFn) -> None:
     assert not alerts - firing, f"no firing case for {sorted(alerts - firing)}"
     assert not alerts - silent, f"no silent case for {sorted(alerts - silent)}"
     assert not (firing | silent) - alerts, "tests of alerts the chart does not have"
+
+
+def test_the_unit_tests_are_what_the_script_writes() -> None:
+    result = subprocess.run([sys.executable, "scripts/gen-alert-tests.py", "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
