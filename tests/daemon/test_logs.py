@@ -85,6 +85,13 @@ async def test_json_format_every_line_is_an_object(level: str, node: SimNode,
     allocate = [d for d in docs if d["logger"] == "rdma_hca.daemon.deviceplugin.plugin"
                 and "Allocate" in d["message"]]
     assert bool(allocate) is (level == "debug"), messages
+    assert all(d["resource"] == R for d in allocate)
+    # Port changes and pool problems carry the fields to filter on.
+    ports = [d for d in docs if d["logger"] == "rdma_hca.health" and " port " in d["message"]]
+    assert ports and all(isinstance(d["port"], int) and d["hca"] for d in ports), ports
+    pool = [d for d in docs if d["logger"] == "rdma_hca.pool"]
+    assert pool and all(d["resource"] == R for d in pool), pool
+    assert any(d.get("hca") and d["level"] == "warning" for d in pool), pool
 
 
 async def test_text_format_is_the_readable_default(node: SimNode, plugin_dir: Path) -> None:
@@ -115,8 +122,9 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
         async with serve(serve_argv(node, plugin_dir, poll="0.05")) as proc:
             await wait_registered(kubelet)
 
-            def mentions(start: int) -> list[str]:
-                return [line for line in proc.lines[start:] if "mlx5_6" in line]
+            def mentions(start: int, logger: str = "rdma_hca.pool") -> list[str]:
+                return [line for line in proc.lines[start:]
+                        if "mlx5_6" in line and f" {logger}: " in line]
 
             mark = len(proc.lines)
             node.set_port("mlx5_6", 1, up=False)
@@ -126,6 +134,9 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
             down = mentions(mark)
             assert len(down) == 1, down
             assert " WARNING " in down[0] and "DOWN" in down[0].upper()
+            # The watcher says what the port did, once too.
+            assert [line.split(": ", 1)[1] for line in mentions(mark, "rdma_hca.health")] == [
+                "mlx5_6 port 1 is down (DOWN/Disabled)"]
 
             mark = len(proc.lines)
             node.set_port("mlx5_6", 1, up=True)
@@ -134,6 +145,8 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
             up = mentions(mark)
             assert len(up) == 1, up
             assert " INFO " in up[0] and "resolved" in up[0]
+            assert [line.split(": ", 1)[1] for line in mentions(mark, "rdma_hca.health")] == [
+                "mlx5_6 port 1 is up (ACTIVE/LinkUp)"]
             proc.send(signal.SIGTERM)
             assert await proc.wait_exit() == 0
     finally:
@@ -168,6 +181,17 @@ def test_json_formatter_keeps_one_line_per_record() -> None:
     doc = json.loads(out)
     assert doc["message"] == "cannot read rate"
     assert "ValueError: bad value" in doc["exception"]
+
+
+def test_json_formatter_gives_the_fields_a_record_carries() -> None:
+    rec = record("mlx5_0 port 1 is down")
+    rec.__dict__.update(hca="mlx5_0", port=1, resource="rdma/hca", claim="ns/c", other="x")
+    doc = json.loads(JsonFormatter().format(rec))
+    assert doc["hca"] == "mlx5_0" and doc["port"] == 1
+    assert doc["resource"] == "rdma/hca" and doc["claim"] == "ns/c"
+    assert "other" not in doc  # only the fields logs are filtered on
+    plain = json.loads(JsonFormatter().format(record("nothing extra")))
+    assert not {"hca", "port", "resource", "claim"} & plain.keys()
 
 
 def test_json_formatter_survives_odd_arguments() -> None:

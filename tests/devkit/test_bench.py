@@ -175,5 +175,7 @@ def test_every_tree_size_has_its_rows() -> None:
     for n in (64, 256):
         assert f"loop_lag_scrape_{n}_hcas_ms" in rows
         assert f"loop_lag_rediscovery_{n}_hcas_ms" in rows
+        assert f"scrape_{n}_hcas_ms" in rows
+        assert f"counter_read_{n}_hcas_ms" in rows
     assert "loop_lag_scrape_8_hcas_ms" not in rows
     assert "discovery_8_hcas_ms" in rows

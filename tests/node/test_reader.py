@@ -170,6 +170,22 @@ async def test_port_counters_leave_out_a_stuck_counter(node: sim.SimNode) -> Non
     assert [h.any_port_up for h in inv.hcas] == [True, False]
 
 
+async def test_a_stuck_hw_counter_leaves_the_other_counters_read(node: sim.SimNode) -> None:
+    reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
+    await reader.discover()
+    node.set_counter("mlx5_1", 1, "rp_cnp_handled", 9, hw=True)
+    node.replace_with_fifo("class/infiniband/mlx5_1/ports/1/hw_counters/np_cnp_sent")
+    counters = await reader.port_counters()
+    assert "hw_counters/np_cnp_sent" not in counters[("mlx5_1", 1)]
+    assert counters[("mlx5_1", 1)]["hw_counters/rp_cnp_handled"] == 9
+    assert "hw_counters/np_cnp_sent" in counters[("mlx5_0", 1)]
+    assert reader.stalls_total == 1
+    # The next pass answers at once for the stuck file: no second stall is counted.
+    again = await reader.port_counters()
+    assert again[("mlx5_1", 1)]["hw_counters/rp_cnp_handled"] == 9
+    assert reader.stalls_total == 1
+
+
 async def test_netns_mode_off_the_loop(node: sim.SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     assert await reader.netns_mode() == "shared"

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim import specs as sim_specs
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
 from rdma_hca.node.sysfs import (
+    HW_PREFIX,
     UNKNOWN,
     discover_node,
     natural_key,
@@ -295,6 +297,41 @@ def test_read_port_counters(tmp_path: Path) -> None:
     assert read_port_counters(node.sysfs_root, "mlx5_1", 2) == {}
 
 
+def test_port_counters_hold_every_abi_counter_and_the_hw_counters(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
+    node.set_counter("mlx5_0", 1, "VL15_dropped", 5)
+    node.set_counter("mlx5_0", 1, "np_cnp_sent", 2**64 - 1, hw=True)
+    counters = read_port_counters(node.sysfs_root, "mlx5_0", 1)
+    assert {n for n in counters if not n.startswith(HW_PREFIX)} == set(sim_specs.COUNTERS)
+    hw = {n.removeprefix(HW_PREFIX) for n in counters if n.startswith(HW_PREFIX)}
+    assert hw == set(sim_specs.MLX5_HW_COUNTERS + sim_specs.MLX5_ROCE_HW_COUNTERS)
+    assert counters["VL15_dropped"] == 5
+    assert counters[HW_PREFIX + "np_cnp_sent"] == 2**64 - 1
+    assert HW_PREFIX + "lifespan" not in counters  # a setting of the driver, not a counter
+
+
+def test_hostile_hw_counter_files_are_left_out(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=1, bond=False, gid_table_size=4)
+    hw = "class/infiniband/mlx5_0/ports/1/hw_counters"
+    node.set_counter("mlx5_0", 1, "out_of_sequence", 17, hw=True)
+    for name, content in (("np_cnp_sent", "N/A\n"), ("rp_cnp_handled", "9" * 400 + "\n"),
+                          ("packet_seq_err", str(2**64) + "\n"), ("duplicate_request", "-1\n"),
+                          ("implied_nak_seq_err", "\xff\xfe\n"), ("a" * 65, "1\n"),
+                          ('odd"name', "3\n")):
+        node.write(f"{hw}/{name}", content)
+    os.mkdir(node.sysfs_root / hw / "a_directory")
+    (node.sysfs_root / hw / os.fsdecode(b"bad\xffname")).write_text("1\n")
+    counters = read_port_counters(node.sysfs_root, "mlx5_0", 1)
+    hw_names = {n.removeprefix(HW_PREFIX) for n in counters if n.startswith(HW_PREFIX)}
+    assert counters[HW_PREFIX + "out_of_sequence"] == 17
+    assert counters[HW_PREFIX + 'odd"name'] == 3  # odd, but a number: the label escapes it
+    for gone in ("np_cnp_sent", "rp_cnp_handled", "packet_seq_err", "duplicate_request",
+                 "implied_nak_seq_err", "a" * 65, "a_directory"):
+        assert gone not in hw_names
+    assert not any("\udcff" in n for n in hw_names)
+    assert counters["port_rcv_data"] == 0  # the other directory is read all the same
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [("Y\n", "shared"), ("1\n", "shared"), ("N\n", "exclusive"), ("0\n", "exclusive")],
@@ -552,3 +589,36 @@ def test_readers_only_tests_use_live_with_the_tests() -> None:
 
     assert not hasattr(sysfs, "discover")
     assert not hasattr(sysfs, "read_netns_mode")
+
+
+def test_the_gpus_are_found_with_their_pcie_root(tmp_path: Path) -> None:
+    node = sim.gpu_node(tmp_path / "n", hcas=4, bond=False, gid_table_size=4)
+    # Not GPUs: an NVIDIA function of another class, a function of another vendor, and
+    # one whose vendor file cannot be read.
+    devices = node.sysfs_root / "bus" / "pci" / "devices"
+    for name, vendor, cls in (("0000:e0:00.1", "0x10de", "0x040300"),
+                              ("0000:e1:00.0", "0x1002", "0x038000")):
+        fn = node.sysfs_root / "devices" / "pci0000:e0" / name
+        fn.mkdir(parents=True)
+        (fn / "vendor").write_text(vendor + "\n")
+        (fn / "class").write_text(cls + "\n")
+        (devices / name).symlink_to(os.path.relpath(fn, devices))
+    odd = node.sysfs_root / "devices" / "pci0000:e0" / "0000:e2:00.0"
+    (odd / "vendor").mkdir(parents=True)
+    (devices / "0000:e2:00.0").symlink_to(os.path.relpath(odd, devices))
+    inv = discover_node(node.sysfs_root, node.dev_root)
+    by_root: dict[str, list[str]] = {}
+    for gpu in inv.gpus:
+        assert gpu.pcie_root is not None and gpu.device == "0x2330"
+        by_root.setdefault(gpu.pcie_root, []).append(gpu.pci_address)
+    assert by_root == node.gpus_by_root()
+    assert {h.pcie_root for h in inv.hcas} <= set(by_root)  # each HCA has GPUs beside it
+    assert inv.gpus[0].dcgm_bus_id == "00000000:" + inv.gpus[0].pci_address[5:].upper()
+    assert not any(w for w in inv.warnings if "0000:e" in w)  # not the HCAs' business
+
+
+def test_a_gpu_bus_id_reads_as_dcgm_writes_it() -> None:
+    from rdma_hca.node.model import Gpu
+
+    assert Gpu("0000:3b:00.0", None, None, None).dcgm_bus_id == "00000000:3B:00.0"
+    assert Gpu("10000:c1:1f.7", None, None, None).dcgm_bus_id == "00010000:C1:1F.7"

@@ -81,7 +81,7 @@ class Daemon:
             PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
             for p in settings.pools
         ]
-        self.allocations = AllocationStats()
+        self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
         self.lifecycle = KubeletLifecycle(
             self.runtimes,
             settings.kubelet_dir,
@@ -139,6 +139,7 @@ class Daemon:
         return Status(
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
+            gpus=inv.gpus if inv is not None else (),
             pools=tuple(
                 PoolStatus(
                     resource=r.resource_name,
@@ -148,6 +149,7 @@ class Daemon:
                     missing=r.missing_hcas,
                     registered=bool(self.lifecycle.registered.get(r.resource_name)),
                     registrations=self.lifecycle.registrations.get(r.resource_name, 0),
+                    selected=r.selected_hcas,
                 )
                 for r in self.runtimes
             ),

@@ -56,8 +56,19 @@ def lag_specs(hcas: int) -> tuple[Spec, Spec]:
     )
 
 
+def scrape_specs(hcas: int) -> tuple[Spec, Spec]:
+    return (
+        Spec(f"scrape_{hcas}_hcas_ms",
+             f"/metrics scrape with every counter and hw counter new, {hcas} HCAs (median)",
+             "ms", None, "same scrape, counters unchanged"),
+        Spec(f"counter_read_{hcas}_hcas_ms",
+             f"reading every port's counters and hw counters, {hcas} HCAs (median)", "ms"),
+    )
+
+
 def tree_specs(hcas: int) -> list[Spec]:
-    return [discovery_spec(hcas), *(lag_specs(hcas) if hcas in LAG_SIZES else ())]
+    return [discovery_spec(hcas),
+            *((*lag_specs(hcas), *scrape_specs(hcas)) if hcas in LAG_SIZES else ())]
 
 
 def two_port_hcas(count: int) -> list[Any]:
@@ -272,14 +283,27 @@ async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> N
             meter.reset()
             started = loop.time()
             size = 0
+            scrape_times: list[float] = []
+            read_times: list[float] = []
             for _ in range(SCRAPES):
                 # New counters before each scrape, as between two real ones (the health
                 # loop re-reads them every few seconds while someone scrapes), so every
                 # scrape renders the port families anew.
+                began = time.perf_counter()
                 await daemon.health.refresh_counters()
+                read_times.append(time.perf_counter() - began)
+                began = time.perf_counter()
                 size += await scraper.scrape()
+                scrape_times.append(time.perf_counter() - began)
             scrape_window = loop.time() - started
             scrape_lag, scrape_p99, scrape_cpu = meter.worst, meter.p99, meter.loop_cpu
+            kept_times: list[float] = []
+            for _ in range(SCRAPES):
+                began = time.perf_counter()
+                await scraper.scrape()
+                kept_times.append(time.perf_counter() - began)
+            counters = daemon.health.counters
+            samples = sum(len(v) for v in counters.values())
         finally:
             await scraper.stop()
 
@@ -323,6 +347,21 @@ async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> N
              "records how late it "
              f"wakes (worst; p99 {_ms(scrape_p99):.1f} ms); baseline: the same timer, the "
              f"daemon idle for as long (p99 {_ms(idle_p99):.1f} ms)."))
+    scrape_time, read_spec = scrape_specs(hcas)
+    rec.details[scrape_time.key] = {"scrapes_ms": [_ms(t) for t in scrape_times],
+                                    "kept_ms": [_ms(t) for t in kept_times],
+                                    "counter_reads_ms": [_ms(t) for t in read_times],
+                                    "counter_samples": samples}
+    rec.put(scrape_time.figure(
+        _ms(median(scrape_times)), _ms(median(kept_times)),
+        note=f"{SCRAPES} scrapes by another process, each after a fresh read of the "
+             f"{samples} counters ({samples // max(1, len(counters))} a port: the sysfs "
+             "ABI's and the driver's hw_counters), so each renders the port families anew; "
+             "baseline: scrapes with the counters unchanged (the port text is kept)."))
+    rec.put(read_spec.figure(
+        _ms(median(read_times)),
+        note=f"the health loop's counter refresh ({samples} files, on a worker thread with "
+             "the read deadline), as it runs every few seconds while someone scrapes."))
     rec.put(rediscovery_spec.figure(
         _ms(rediscovery_lag), _ms(idle_lag),
         note=f"{REDISCOVERIES} full rediscoveries (as a netlink address event or SIGHUP "

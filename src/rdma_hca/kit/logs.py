@@ -22,15 +22,24 @@ def quiet_grpc_core(environ: MutableMapping[str, str] = os.environ) -> None:
         environ.setdefault(key, value)
 
 
+FIELDS = ("hca", "port", "resource", "claim")
+"""What a record may carry (``log.info(..., extra={"hca": name})``) that JSON lines give as
+fields of their own, to filter on; the text format has them in the message already."""
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc = {
+        doc: dict[str, object] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key in FIELDS:
+            value = record.__dict__.get(key)
+            if value is not None:
+                doc[key] = value if isinstance(value, int) else str(value)
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)

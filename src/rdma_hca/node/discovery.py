@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from rdma_hca.node.gpus import node_gpus
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory, Port
 from rdma_hca.node.parse import (
     GUID,
@@ -186,8 +187,9 @@ class Discovery(PortWalk, PciWalk):
         hcas = tuple(self.hca(name, path) for name, path in self.class_dirs("infiniband"))
         rdma_cm = self.rdma_cm()
         netns = self.netns_mode()
+        gpus = node_gpus(self)
         self.io.checkpoint()
-        return self.inventory(hcas, rdma_cm, netns)
+        return replace(self.inventory(hcas, rdma_cm, netns), gpus=gpus)
 
     def inventory(
         self, hcas: tuple[Hca, ...], rdma_cm: CharDevice | None, netns: str | None

@@ -123,6 +123,23 @@ class Hca:
 
 
 @dataclass(frozen=True, slots=True)
+class Gpu:
+    """An NVIDIA GPU as a PCI function: only where it sits, so an HCA can be put beside
+    the GPUs on its PCIe root (and beside their DCGM series, which name the bus ID)."""
+
+    pci_address: str  # "0000:3b:00.0", as sysfs names it
+    device: str | None  # "0x2330"
+    numa_node: int | None
+    pcie_root: str | None  # "pci0000:3a"
+
+    @property
+    def dcgm_bus_id(self) -> str:
+        """The address as NVML and DCGM print it: 8-digit domain, upper case."""
+        domain, _, rest = self.pci_address.partition(":")
+        return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInventory:
     """Everything discovery found in one pass over sysfs and /dev."""
 
@@ -133,3 +150,4 @@ class NodeInventory:
     # Absolute paths of the files that did not answer within the deadline in this pass;
     # the HCAs they belong to read with their ports UNKNOWN.
     stalled: tuple[str, ...] = ()
+    gpus: tuple[Gpu, ...] = ()

@@ -30,6 +30,7 @@ from rdma_hca.node.walk import StrPath
 
 __all__ = [
     "DEV_DIR",
+    "HW_PREFIX",
     "UNKNOWN",
     "discover_node",
     "natural_key",
@@ -119,29 +120,63 @@ def listed_hcas(sysfs_root: StrPath) -> list[tuple[str, str]]:
     return [(display_name(n), n) for n in sorted(names, key=natural_key)]
 
 
+HW_PREFIX = "hw_counters/"
+"""Keys of ``hw_counters/`` files in a port's counter dict start with this (a slash is in
+no file name, so they never collide with the names of ``counters/``)."""
+# hw_counters holds one file that is not a counter: how long the driver caches the
+# others, in milliseconds (drivers/infiniband/core/sysfs.c).
+NOT_COUNTERS = frozenset({"lifespan"})
+MAX_COUNTER_NAME = 64
+
+
+def _counter_name(name: str) -> bool:
+    # The name becomes a label value: printable ASCII of a sane length, nothing else.
+    return (len(name) <= MAX_COUNTER_NAME and name.isascii() and name.isprintable()
+            and not name.startswith(".") and name not in NOT_COUNTERS)
+
+
+def _read_counters(io: Reads, directory: str, prefix: str, into: dict[str, int]) -> None:
+    names = _listdir(directory)
+    if not names:
+        return
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        check_exhausted(err)
+        return
+    try:
+        for name in sorted(names):
+            if not _counter_name(name):
+                continue
+            try:
+                raw = io.read_at(dir_fd, directory, name)
+            except OSError as err:
+                check_exhausted(err)
+                continue  # some counters answer EOPNOTSUPP on some devices; stuck ones too
+            text = decode(raw)
+            if text is not None and len(text) <= 20 and is_number(text):
+                value = int(text)
+                if value <= MAX_COUNTER:
+                    into[prefix + name] = value
+    finally:
+        os.close(dir_fd)
+
+
 def port_counters_of(sysfs_root: StrPath, dirname: str, port: int, io: Reads) -> dict[str, int]:
+    """Every integer counter of one port: the files of ``counters/`` by name, those of
+    ``hw_counters/`` prefixed with :data:`HW_PREFIX`. A file that cannot be read, is not
+    a number or is past 64 bits is left out; a stuck one is the reads' business."""
     if not safe_name(dirname):
         return {}
-    counters_dir = os.path.join(
-        os.fspath(sysfs_root), "class", "infiniband", dirname, "ports", str(port), "counters"
-    )
-    names = _listdir(counters_dir)
-    if names is None:
-        return {}
+    port_dir = os.path.join(
+        os.fspath(sysfs_root), "class", "infiniband", dirname, "ports", str(port))
     counters: dict[str, int] = {}
-    for name in sorted(names):
-        try:
-            text = decode(io.read(os.path.join(counters_dir, name)))
-        except OSError as err:
-            check_exhausted(err)
-            continue  # some counters answer EOPNOTSUPP on some devices; stuck ones too
-        if text is not None and is_number(text) and len(text) <= 20:
-            value = int(text)
-            if value <= MAX_COUNTER:
-                counters[name] = value
+    _read_counters(io, os.path.join(port_dir, "counters"), "", counters)
+    _read_counters(io, os.path.join(port_dir, "hw_counters"), HW_PREFIX, counters)
     return counters
 
 
 def read_port_counters(sysfs_root: StrPath, hca: str, port: int) -> dict[str, int]:
-    """The integer counters of ``ports/<port>/counters``; anything else is left out."""
+    """The integer counters of ``ports/<port>/counters`` and ``hw_counters``; anything
+    else is left out."""
     return port_counters_of(sysfs_root, hca, port, Reads())

@@ -126,7 +126,16 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             await wait_registered(kubelet)
             await wait_http(port)
             samples = await scrape(port)
-            assert "rdma_hca_allocate_duration_seconds_count" not in samples  # no Allocate yet
+            # No Allocate yet, but every series an alert reads is there at 0 already.
+            assert value(samples, "rdma_hca_allocate_duration_seconds_count", resource=R) == 0
+            assert value(samples, "rdma_hca_allocations_total", resource=R, result="ok") == 0
+            assert value(samples, "rdma_hca_allocations_total", resource=R, result="error") == 0
+            assert value(samples, "rdma_hca_hca_missing", resource=R, hca="mlx5_2") == 0
+            assert value(samples, "rdma_hca_hca_info", hca="mlx5_2", port="1")
+            assert value(samples, "rdma_hca_port_symbol_errors_total", hca="mlx5_2",
+                         port="1") == 0
+            assert value(samples, "rdma_hca_port_hw_events_total", hca="mlx5_2", port="1",
+                         counter="np_cnp_sent") == 0
             assert value(samples, "rdma_hca_port_receive_bytes_total",
                          hca="mlx5_2", port="1") == 4 * 1_000_000
 
@@ -174,7 +183,9 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             assert value(samples, "rdma_hca_sysfs_stalls_total") == 0
             assert value(samples, "rdma_hca_discovery_errors_total", reason="fd") == 0
             assert value(samples, "rdma_hca_port_state_changes_total", hca="mlx5_0") == 0
-            assert not samples.get("rdma_hca_hca_missing")  # nothing has vanished
+            # Nothing has vanished: every HCA held reads 0.
+            assert len(samples["rdma_hca_hca_missing"]) == 9
+            assert all(v == 0 for _, v in samples["rdma_hca_hca_missing"])
             # An IPv4 compute network: non-hostNetwork RDMA cannot work here.
             assert value(samples, "rdma_hca_ipv6_ready") == 0
 

@@ -56,3 +56,43 @@ def test_every_contract_name_with_its_labels_and_values() -> None:
 def test_no_pass_yet_means_no_timestamp_sample() -> None:
     s = metric_samples(render(replace(STATUS, health_last_pass=None)).decode())
     assert not s.get("rdma_hca_health_last_pass_timestamp_seconds")
+
+
+def test_alerting_series_exist_at_zero_for_every_known_label_set() -> None:
+    status = replace(STATUS, pools=(
+        PoolStatus("rdma/hca", 1000, 1000, 2, (), True, 1, selected=("mlx5_0", "mlx5_1")),
+        PoolStatus("rdma/ib", 10, 0, 0, ("mlx5_9",), False, 0),
+    ), allocations={("rdma/hca", True): 4})
+    s = metric_samples(render(status).decode())
+    assert sorted((lab["resource"], lab["result"], v)
+                  for lab, v in s["rdma_hca_allocations_total"]) == [
+        ("rdma/hca", "error", 0.0), ("rdma/hca", "ok", 4.0),
+        ("rdma/ib", "error", 0.0), ("rdma/ib", "ok", 0.0)]
+    assert sorted((lab["resource"], lab["hca"], v) for lab, v in s["rdma_hca_hca_missing"]) == [
+        ("rdma/hca", "mlx5_0", 0.0), ("rdma/hca", "mlx5_1", 0.0), ("rdma/ib", "mlx5_9", 1.0)]
+
+
+def test_the_info_series_carries_what_joins_an_hca_to_other_series() -> None:
+    first = replace(STATUS.hcas[0], pci_address="0000:3b:00.0", pci_bus_id="0000:3b:00.0",
+                    pcie_root="pci0000:3a", numa_node=1, fw_ver="28.39.1002",
+                    board_id="MT_0000000838", node_guid="b859:9f03:00d4:3c22")
+    s = metric_samples(render(replace(STATUS, hcas=(first, STATUS.hcas[1]))).decode())
+    info = {lab["hca"]: lab for lab, v in s["rdma_hca_hca_info"] if v == 1.0}
+    assert info["mlx5_0"] == {
+        "hca": "mlx5_0", "port": "1", "netdev": "eth0", "link_layer": "Ethernet",
+        "driver": "mlx5_core", "pci_address": "0000:3b:00.0", "numa_node": "1",
+        "pcie_root": "pci0000:3a", "firmware_version": "28.39.1002",
+        "board_id": "MT_0000000838", "node_guid": "b859:9f03:00d4:3c22"}
+    assert info["mlx5_1"]["numa_node"] == "" and info["mlx5_1"]["pci_address"] == ""
+
+
+def test_each_gpu_has_an_info_series_in_dcgms_bus_id_form() -> None:
+    from rdma_hca.node.model import Gpu
+
+    gpus = (Gpu("0000:3b:00.0", "0x2330", 0, "pci0000:3a"), Gpu("0000:c1:00.0", None, None, None))
+    s = metric_samples(render(replace(STATUS, gpus=gpus)).decode())
+    assert sorted(s["rdma_hca_gpu_info"], key=lambda x: x[0]["pci_address"]) == [
+        ({"pci_bus_id": "00000000:3B:00.0", "pci_address": "0000:3b:00.0",
+          "pcie_root": "pci0000:3a", "numa_node": "0", "device": "0x2330"}, 1.0),
+        ({"pci_bus_id": "00000000:C1:00.0", "pci_address": "0000:c1:00.0", "pcie_root": "",
+          "numa_node": "", "device": ""}, 1.0)]

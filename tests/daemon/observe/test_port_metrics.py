@@ -23,6 +23,10 @@ from rdma_hca.daemon.observe.metrics import render
 from rdma_hca.daemon.observe.port_metrics import (
     BYTES_PER_GBIT,
     COUNTERS,
+    HW_COUNTERS,
+    HW_DOC,
+    INFO,
+    INFO_DOC,
     PORT_STATES,
     PortText,
     port_text,
@@ -31,6 +35,7 @@ from rdma_hca.daemon.observe.status import Status
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.discovery import discover_node
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
+from rdma_hca.node.sysfs import HW_PREFIX, read_port_counters
 
 Counters = dict[tuple[str, int], dict[str, int]]
 Changes = dict[tuple[str, int], int]
@@ -43,6 +48,9 @@ class Reference:
         self.hcas, self.counters, self.changes = hcas, counters, changes
 
     def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(INFO, INFO_DOC, labels=[
+            "hca", "port", "netdev", "link_layer", "driver", "pci_address", "numa_node",
+            "pcie_root", "firmware_version", "board_id", "node_guid"])
         up = GaugeMetricFamily("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp",
                                labels=["hca", "port", "link_layer"])
         state = GaugeMetricFamily("rdma_hca_port_state", "1 for the port's current state",
@@ -56,7 +64,16 @@ class Reference:
                                          f"Port counter {name} from sysfs",
                                          labels=["hca", "port"])
                for name, (metric, _) in COUNTERS.items()}
+        hw = CounterMetricFamily(HW_COUNTERS.removesuffix("_total"), HW_DOC,
+                                 labels=["hca", "port", "counter"])
         for h in self.hcas:
+            for p in h.ports:
+                for netdev in p.netdevs or ("",):
+                    info.add_metric([
+                        h.name, str(p.number), netdev, p.link_layer.value, h.driver or "",
+                        h.pci_address or "", "" if h.numa_node is None else str(h.numa_node),
+                        h.pcie_root or "", h.fw_ver or "", h.board_id or "",
+                        h.node_guid or ""], 1.0)
             for p in h.ports:
                 labels = [h.name, str(p.number)]
                 up.add_metric([*labels, p.link_layer.value], 1.0 if p.is_up else 0.0)
@@ -70,7 +87,10 @@ class Reference:
                 for name, (_, scale) in COUNTERS.items():
                     if name in values:
                         per[name].add_metric(labels, values[name] * scale)
-        yield from (up, state, rate, changes, *per.values())
+                for name, value in values.items():
+                    if name.startswith(HW_PREFIX):
+                        hw.add_metric([*labels, name.removeprefix(HW_PREFIX)], value)
+        yield from (info, up, state, rate, changes, *per.values(), hw)
 
 
 def reference(hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> str:
@@ -97,11 +117,18 @@ def test_simulated_nodes_render_as_the_library_does(make: object, tmp_path: Path
     node = make(tmp_path / "n")
     hcas = discover_node(node.sysfs_root, node.dev_root).hcas
     assert hcas
-    counters = {(h.name, p.number): {"port_rcv_data": 7 + i, "link_downed": i,
-                                     "port_xmit_packets": 2**64 - 1}
+    # What the node's files hold, every counter and hw counter, then some values changed.
+    counters = {(h.name, p.number): {**read_port_counters(node.sysfs_root, h.name, p.number),
+                                     "port_rcv_data": 7 + i, "link_downed": i,
+                                     "port_xmit_packets": 2**64 - 1, "VL15_dropped": 3,
+                                     HW_PREFIX + "np_cnp_sent": 10**12 + i}
                 for i, h in enumerate(hcas) for p in h.ports}
     changes = {(hcas[0].name, hcas[0].ports[0].number): 3}
-    assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
+    text = port_text(hcas, counters, changes)
+    assert text == reference(hcas, counters, changes)
+    for metric, _ in COUNTERS.values():
+        assert f"\n{metric}{{" in text  # the sim writes every counter of the ABI
+    assert 'rdma_hca_port_hw_events_total{counter="np_cnp_sent",' in text
 
 
 def test_odd_names_states_and_missing_values_render_as_the_library_does() -> None:
@@ -110,12 +137,19 @@ def test_odd_names_states_and_missing_values_render_as_the_library_does() -> Non
         hca("mlx5_ü", state="UNKNOWN", phys="UNKNOWN", rate=0.0, layer=LinkLayer.INFINIBAND),
         hca("mlx5_2", rate=2.5, ports=0),
     )
-    counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5},
+    first = hcas[0]
+    hcas = (replace(first, fw_ver='22.1\\"x', board_id="MT\n1", numa_node=1,
+                    pci_address="0000:3b:00.0", pcie_root="pci0000:3a",
+                    ports=(replace(first.ports[0], netdevs=('eth"0', "eth1")),
+                           *first.ports[1:])), *hcas[1:])
+    counters: Counters = {(hcas[0].name, 2): {"port_rcv_errors": 0, "unknown_counter": 5,
+                                              HW_PREFIX + 'odd"name\\': 4},
                           (hcas[1].name, 1): {}}
     changes: Changes = {(hcas[1].name, 1): 10**15, ("gone", 1): 2}
     text = port_text(hcas, counters, changes)
     assert text == reference(hcas, counters, changes)
     assert 'hca="mlx\\"5\\\\0\\n"' in text  # escaped once, where the name is a label
+    assert text.count("rdma_hca_hca_info{") == 4  # one per port and netdev
     assert port_text((), {}, {}) == reference((), {}, {})
 
 
@@ -130,7 +164,8 @@ names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_siz
 def test_any_names_and_values_render_as_the_library_does(
         ports: list[tuple[str, str, float | None, int]]) -> None:
     hcas = tuple(hca(n, state=s, rate=r) for n, s, r, _ in ports)
-    counters: Counters = {(n, 1): {"port_xmit_data": v, "link_downed": v % 7}
+    counters: Counters = {(n, 1): {"port_xmit_data": v, "link_downed": v % 7,
+                                   HW_PREFIX + n: v // 3}
                           for n, _, _, v in ports}
     changes: Changes = {(n, 1): v % 1000 for n, _, _, v in ports}
     assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
@@ -167,3 +202,14 @@ def test_render_places_the_port_families_between_the_others() -> None:
     for _ in range(2):
         again = render(status, ports=kept).decode()
         assert again.count("# TYPE rdma_hca_port_up ") == 1
+
+
+@pytest.mark.parametrize("value", [0, 7, 999_999, 1_000_000, 1_000_001, 123_456_789_012,
+                                   2**53 - 1, 2**53, 2**53 + 1, 10**16, 2**64 - 1])
+def test_counter_values_at_the_edges_of_the_fast_form(value: int) -> None:
+    # Counters skip the float round trip below 2**53; around each edge the text must stay
+    # what the library writes (Go's exponent form from a million on).
+    hcas = (hca("mlx5_0"),)
+    counters: Counters = {("mlx5_0", 1): {"link_downed": value, HW_PREFIX + "np_cnp_sent": value}}
+    changes: Changes = {("mlx5_0", 1): value}
+    assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)

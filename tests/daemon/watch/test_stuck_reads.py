@@ -201,6 +201,37 @@ async def test_a_scrape_never_reads_sysfs(node: SimNode, plugin_dir: Path,
         counter.release()
 
 
+async def test_hostile_hw_counters_leave_the_scrape_whole(node: SimNode, plugin_dir: Path,
+                                                         kubelet: KubeletEmulator) -> None:
+    # A hw_counters file that never answers (firmware stuck), one that is not a number and
+    # one past 64 bits: the scrape still answers with every other counter.
+    hw = node.port_dir("mlx5_2", 1) / "hw_counters"
+    stuck = Fifo(hw / "np_cnp_sent")
+    (hw / "rp_cnp_handled").write_text("N/A\n")
+    (hw / "out_of_sequence").write_text("9" * 400 + "\n")
+    node.set_counter("mlx5_2", 1, "packet_seq_err", 12, hw=True)
+    d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"),
+               netlink=False, read_deadline=0.5)
+    try:
+        await d.start()
+        assert d.http is not None
+        d.health.want_counters()
+        await d.health.refresh_counters()  # gives the FIFO up after the deadline
+        status, body = await http_get(d.http.bound_port, "/metrics")
+        assert status == 200
+        samples = metric_samples(body)
+        hw_samples = {(lab["hca"], lab["counter"]): v
+                      for lab, v in samples["rdma_hca_port_hw_events_total"]}
+        assert hw_samples[("mlx5_2", "packet_seq_err")] == 12
+        for gone in ("np_cnp_sent", "rp_cnp_handled", "out_of_sequence"):
+            assert ("mlx5_2", gone) not in hw_samples
+            assert ("mlx5_3", gone) in hw_samples  # another HCA's are all there
+        assert ({}, 1.0) in samples["rdma_hca_sysfs_stalls_total"]
+    finally:
+        await d.stop()
+        stuck.release()
+
+
 def blocked_on_a_fifo(pid: int) -> bool:
     """Whether a thread of ``pid`` waits in open() for a FIFO's writer."""
     tasks = Path(f"/proc/{pid}/task")

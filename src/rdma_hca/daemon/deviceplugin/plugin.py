@@ -145,7 +145,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         if held is not None:
             more = f" ({held} more refused since the last such line)" if held else ""
             log.warning("%s %s refused: %s%s", self.runtime.resource_name, method, message,
-                        more)
+                        more, extra={"resource": self.runtime.resource_name})
         await context.abort(code, message)
 
     async def _check(self, context: Context, method: str, request: object) -> None:
@@ -249,7 +249,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             await self._refuse(context, "Allocate", error)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("Allocate %s: %s", self.runtime.config.resource_name, shorten_ids(
-                [r.envs.get("RDMA_HCA_DEVICES", "") for r in resp.container_responses]))
+                [r.envs.get("RDMA_HCA_DEVICES", "") for r in resp.container_responses]),
+                extra={"resource": self.runtime.config.resource_name})
         return resp
 
     def _proto(self, allocation: Allocation) -> api_pb2.ContainerAllocateResponse:

@@ -47,6 +47,11 @@ class PoolRuntime:
         return tuple(h.name for h in self.view.missing)
 
     @property
+    def selected_hcas(self) -> tuple[str, ...]:
+        """Names of the HCAs the pool's selectors match now (for /metrics)."""
+        return tuple(h.name for h in self.view.hcas)
+
+    @property
     def selected_hca_count(self) -> int:
         """HCAs the pool's selectors match now, usable or not (for /metrics)."""
         return len(self.view.hcas)
@@ -75,27 +80,36 @@ class PoolRuntime:
 
     def _log_changes(self, inventory: NodeInventory) -> None:
         name = self.config.resource_name
+        extra = {"resource": name}
         names = tuple(h.name for h in self.view.hcas)
         if names != self._hca_names:
             if names or self.view.missing:
-                log.info("%s holds %d HCA(s): %s", name, len(names), ", ".join(names) or "none")
+                log.info("%s holds %d HCA(s): %s", name, len(names), ", ".join(names) or "none",
+                         extra=extra)
             else:
                 log.warning("%s selects no HCA, so it advertises no devices: %s", name,
-                            why_empty(self.config.selectors, inventory))
+                            why_empty(self.config.selectors, inventory), extra=extra)
             self._hca_names = names
         problems = tuple(self.view.problems())
         if problems == self._problems:
             return
         before = set(self._problems or ())
+        held = {*names, *(h.name for h in self.view.missing)}
+
+        def about(problem: str) -> dict[str, str]:
+            # An HCA's problem starts with its name ("mlx5_3: no port is up").
+            hca = problem.partition(":")[0]
+            return {**extra, "hca": hca} if hca in held else extra
+
         for p in problems:
             if p not in before and p != NO_MATCH:
-                log.warning("%s: %s", name, p)
+                log.warning("%s: %s", name, p, extra=about(p))
         for p in before - set(problems):
-            log.info("%s: resolved: %s", name, p)
+            log.info("%s: resolved: %s", name, p, extra=about(p))
         self._problems = problems
         devices = self.view.devices()
         healthy = sum(1 for d in devices if d.healthy)
-        log.info("%s: %d of %d devices Healthy", name, healthy, len(devices))
+        log.info("%s: %d of %d devices Healthy", name, healthy, len(devices), extra=extra)
 
 
 def why_empty(selectors: Selectors, inventory: NodeInventory) -> str:

@@ -328,7 +328,8 @@ class ClaimKeeper:
                 return await self._prepare_locked(ref)
         except Exception as exc:
             log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
-                        short_repr(ref.name), short_repr(ref.uid), exc)
+                        short_repr(ref.name), short_repr(ref.uid), exc,
+                        extra={"claim": f"{short_repr(ref.namespace)}/{short_repr(ref.name)}"})
             return PrepareResult(error=str(exc) or type(exc).__name__)
 
     async def _prepare_locked(self, ref: ClaimRef) -> PrepareResult:
@@ -376,7 +377,8 @@ class ClaimKeeper:
         self.prepared[uid] = prepared
         self._verified.add(uid)
         log.info("claim %s/%s prepared: %s", ref.namespace, ref.name,
-                 ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices))
+                 ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices),
+                 extra={"claim": f"{ref.namespace}/{ref.name}"})
         if self.on_prepared is not None:
             hook = self.on_prepared
             self._hook(uid, "on_prepared", lambda: hook(claim, prepared.devices))
@@ -455,12 +457,14 @@ class ClaimKeeper:
                                       f"{uid}", commit)
         except Exception as exc:
             log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
-                        short_repr(ref.name), short_repr(uid), exc)
+                        short_repr(ref.name), short_repr(uid), exc,
+                        extra={"claim": f"{short_repr(ref.namespace)}/{short_repr(ref.name)}"})
             return f"cannot remove the CDI spec or the checkpoint entry: {exc}"
         had = self.prepared.pop(uid, None) is not None
         self._verified.discard(uid)
         if had or was:
-            log.info("claim %s/%s unprepared", ref.namespace, ref.name)
+            log.info("claim %s/%s unprepared", ref.namespace, ref.name,
+                     extra={"claim": f"{ref.namespace}/{ref.name}"})
             if self.on_unprepared is not None:
                 hook = self.on_unprepared
                 self._hook(uid, "on_unprepared", lambda: hook(ref))

@@ -48,6 +48,17 @@ class StatusFamilies:
         g.add_metric(["true"], sum(1 for h in s.hcas if h.usable))
         g.add_metric(["false"], sum(1 for h in s.hcas if not h.usable))
         yield g
+        # DCGM names a GPU by its bus ID alone: this puts its PCIe root and NUMA node beside
+        # it, the labels rdma_hca_hca_info carries for each HCA.
+        gpus = GaugeMetricFamily(
+            "rdma_hca_gpu_info", "1 for each NVIDIA GPU of the node, with its PCI bus ID as "
+            "DCGM writes it, its PCIe root and NUMA node",
+            labels=["pci_bus_id", "pci_address", "pcie_root", "numa_node", "device"])
+        for gpu in s.gpus:
+            gpus.add_metric([gpu.dcgm_bus_id, gpu.pci_address, gpu.pcie_root or "",
+                             "" if gpu.numa_node is None else str(gpu.numa_node),
+                             gpu.device or ""], 1.0)
+        yield gpus
 
     def after_ports(self) -> Iterator[Metric]:
         s = self.status
@@ -89,8 +100,8 @@ class StatusFamilies:
         hcas = GaugeMetricFamily("rdma_hca_pool_hcas", "HCAs the pool selects",
                                  labels=["resource"])
         missing = GaugeMetricFamily("rdma_hca_hca_missing",
-                                    "1 while an HCA the pool held has vanished",
-                                    labels=["resource", "hca"])
+                                    "1 while an HCA the pool held has vanished, 0 for each "
+                                    "one it holds", labels=["resource", "hca"])
         registered = GaugeMetricFamily("rdma_hca_registered",
                                        "1 while registered with the kubelet", labels=["resource"])
         regs = _counter("rdma_hca_registrations_total",
@@ -99,6 +110,10 @@ class StatusFamilies:
             total.add_metric([p.resource], p.devices)
             healthy.add_metric([p.resource], p.healthy)
             hcas.add_metric([p.resource], p.hcas)
+            # At 0 for every HCA held, so the series is there before the HCA vanishes.
+            for name in p.selected:
+                if name not in p.missing:
+                    missing.add_metric([p.resource, name], 0.0)
             for name in p.missing:
                 missing.add_metric([p.resource, name], 1.0)
             registered.add_metric([p.resource], 1.0 if p.registered else 0.0)
@@ -106,7 +121,11 @@ class StatusFamilies:
         yield from (total, healthy, hcas, missing, registered, regs)
         allocs = _counter("rdma_hca_allocations_total", "Allocate calls answered",
                           ["resource", "result"])
-        for (resource, ok), n in sorted(s.allocations.items()):
+        # Both results of every pool from the start: an alert on increase() of the error
+        # series would miss the first errors of a series that appears with them.
+        totals = {(p.resource, ok): 0 for p in s.pools for ok in (True, False)}
+        totals.update(s.allocations)
+        for (resource, ok), n in sorted(totals.items()):
             allocs.add_metric([resource, "ok" if ok else "error"], n)
         yield allocs
 

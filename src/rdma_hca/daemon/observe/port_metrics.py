@@ -1,9 +1,10 @@
 """The per-port families of ``/metrics``, written straight to exposition text and kept.
 
-They are most of a scrape: sixteen samples per port, 8k lines on a node of 256 two-port
-HCAs. Built through prometheus_client's generic families they cost about 20 µs a sample
-(label validation and escaping, a record per sample), a fifth of a second of Python per
-scrape at that size; on a worker thread that still holds the GIL the event loop needs.
+They are most of a scrape: about sixty samples per port (the state, the info series, the
+sysfs counters and mlx5's hw_counters), 30k lines on a node of 256 two-port HCAs. Built
+through prometheus_client's generic families they would cost about 20 µs a sample (label
+validation and escaping, a record per sample), over half a second of Python per scrape at
+that size, on a worker thread that still holds the GIL the event loop needs.
 Here each port's label text is escaped once per inventory and the lines are formatted
 directly, and the text is kept until one of its three inputs (the inventory's HCAs, the
 counter cache, the state-change counts) is replaced: the daemon replaces those, never
@@ -17,14 +18,19 @@ renders both ways); the family names are a contract with the chart's alerts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.utils import floatToGoString
 
 from rdma_hca.node.model import Hca
+from rdma_hca.node.sysfs import HW_PREFIX
 
 PORT_STATES = ("ACTIVE", "DOWN", "INIT", "ARMED", "ACTIVE_DEFER", "UNKNOWN")
-# sysfs counter -> (metric, scale). The data counters count 4-byte words (IB spec).
+# The counters of ports/N/counters (the kernel's sysfs ABI, the IB PortCounters and
+# PortCountersExtended attributes): sysfs name -> (metric, scale). The data counters count
+# 4-byte words (IB spec), so they are scaled to bytes; port_xmit_wait counts ticks whose
+# length the device decides, so it stays in ticks. The first seven names are older than
+# the rest and keep their order.
 COUNTERS = {
     "port_rcv_data": ("rdma_hca_port_receive_bytes_total", 4),
     "port_xmit_data": ("rdma_hca_port_transmit_bytes_total", 4),
@@ -33,7 +39,27 @@ COUNTERS = {
     "port_rcv_errors": ("rdma_hca_port_receive_errors_total", 1),
     "port_xmit_discards": ("rdma_hca_port_transmit_discards_total", 1),
     "link_downed": ("rdma_hca_port_link_downed_total", 1),
+    "symbol_error": ("rdma_hca_port_symbol_errors_total", 1),
+    "link_error_recovery": ("rdma_hca_port_link_error_recoveries_total", 1),
+    "port_rcv_remote_physical_errors":
+        ("rdma_hca_port_receive_remote_physical_errors_total", 1),
+    "port_rcv_switch_relay_errors": ("rdma_hca_port_receive_switch_relay_errors_total", 1),
+    "port_rcv_constraint_errors": ("rdma_hca_port_receive_constraint_errors_total", 1),
+    "port_xmit_constraint_errors": ("rdma_hca_port_transmit_constraint_errors_total", 1),
+    "local_link_integrity_errors": ("rdma_hca_port_local_link_integrity_errors_total", 1),
+    "excessive_buffer_overrun_errors":
+        ("rdma_hca_port_excessive_buffer_overrun_errors_total", 1),
+    "VL15_dropped": ("rdma_hca_port_vl15_dropped_packets_total", 1),
+    "port_xmit_wait": ("rdma_hca_port_transmit_wait_ticks_total", 1),
+    "unicast_rcv_packets": ("rdma_hca_port_unicast_receive_packets_total", 1),
+    "unicast_xmit_packets": ("rdma_hca_port_unicast_transmit_packets_total", 1),
+    "multicast_rcv_packets": ("rdma_hca_port_multicast_receive_packets_total", 1),
+    "multicast_xmit_packets": ("rdma_hca_port_multicast_transmit_packets_total", 1),
 }
+# ports/N/hw_counters: what the driver counts (mlx5: congestion, retransmits, CQE errors;
+# other drivers their own set), so one family with the file name as the `counter` label.
+HW_COUNTERS = "rdma_hca_port_hw_events_total"
+HW_DOC = "Driver counter of the port from sysfs hw_counters, by file name"
 BYTES_PER_GBIT = 1e9 / 8
 
 Counters = Mapping[tuple[str, int], Mapping[str, int]]
@@ -51,12 +77,47 @@ def _value(value: float) -> str:
     return str(floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
+def _count(value: int) -> str:
+    """``_value`` of a counter, without the float round trip where that is exact: counters
+    are most of the samples, and most of them small. Go's form all the same (exponent
+    from a million on), as the library writes it."""
+    if 0 <= value < 1_000_000:
+        return f"{value}.0"
+    if 0 < value < 1 << 53:  # every integer here is a float exactly
+        digits = str(value)
+        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
+        return f"{mantissa}e+{len(digits) - 1:02d}"
+    return _value(value)
+
+
 def _head(name: str, doc: str, kind: str) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
 
+INFO = "rdma_hca_hca_info"
+INFO_DOC = ("1 for each port of an HCA, labelled with what joins it to other series: netdev, "
+            "PCI address, NUMA node, PCIe root, firmware")
+
+
+def _info_lines(h: Hca, hca: str) -> Iterator[str]:
+    """One line per port and netdev (a port without a netdev: one, netdev empty)."""
+    fixed = (f'board_id="{escape_value(h.board_id or "")}",'
+             f'driver="{escape_value(h.driver or "")}",'
+             f'firmware_version="{escape_value(h.fw_ver or "")}",hca="{hca}",')
+    tail = (f'node_guid="{escape_value(h.node_guid or "")}",'
+            f'numa_node="{"" if h.numa_node is None else h.numa_node}",'
+            f'pci_address="{escape_value(h.pci_address or "")}",'
+            f'pcie_root="{escape_value(h.pcie_root or "")}",')
+    for p in h.ports:
+        layer = escape_value(p.link_layer.value)
+        for netdev in p.netdevs or ("",):
+            yield (f'{INFO}{{{fixed}link_layer="{layer}",netdev="{escape_value(netdev)}",'
+                   f'{tail}port="{p.number}"}} 1.0\n')
+
+
 def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
     """Exposition text of every per-port family, in the order /metrics shows them."""
+    info = [_head(INFO, INFO_DOC, "gauge")]
     up = [_head("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp", "gauge")]
     state = [_head("rdma_hca_port_state", "1 for the port's current state", "gauge")]
     rate = [_head("rdma_hca_port_rate_bytes_per_second", "Port rate in bytes per second",
@@ -65,8 +126,12 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                      "Up/down transitions of the port seen by the daemon", "counter")]
     per_counter = {name: [_head(metric, f"Port counter {name} from sysfs", "counter")]
                    for name, (metric, _) in COUNTERS.items()}
+    hw = [_head(HW_COUNTERS, HW_DOC, "counter")]
+    escaped: dict[str, str] = {}  # hw counter names repeat on every port: escaped once
+    skip = len(HW_PREFIX)
     for h in hcas:
         hca = escape_value(h.name)
+        info.extend(_info_lines(h, hca))
         for p in h.ports:
             key = (h.name, p.number)
             # Labels in name order, as prometheus_client writes them.
@@ -81,15 +146,22 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                 rate.append(f"rdma_hca_port_rate_bytes_per_second{{{labels}}} "
                             f"{_value(p.rate_gbps * BYTES_PER_GBIT)}\n")
             changed.append(f"rdma_hca_port_state_changes_total{{{labels}}} "
-                           f"{_value(changes.get(key, 0))}\n")
+                           f"{_count(changes.get(key, 0))}\n")
             values = counters.get(key)
             if values:
                 for name, (metric, scale) in COUNTERS.items():
                     if name in values:
                         per_counter[name].append(
-                            f"{metric}{{{labels}}} {_value(values[name] * scale)}\n")
-    return "".join([*up, *state, *rate, *changed,
-                    *(line for lines in per_counter.values() for line in lines)])
+                            f"{metric}{{{labels}}} {_count(values[name] * scale)}\n")
+                for name, value in values.items():
+                    if not name.startswith(HW_PREFIX):
+                        continue
+                    label = escaped.get(name)
+                    if label is None:
+                        label = escaped[name] = escape_value(name[skip:])
+                    hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_count(value)}\n')
+    return "".join([*info, *up, *state, *rate, *changed,
+                    *(line for lines in per_counter.values() for line in lines), *hw])
 
 
 class PortText:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rdma_hca.node.model import Hca
+from rdma_hca.node.model import Gpu, Hca
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,7 @@ class PoolStatus:
     missing: tuple[str, ...]  # HCAs the pool held that have vanished
     registered: bool
     registrations: int
+    selected: tuple[str, ...] = ()  # names of the HCAs it selects now
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class Status:
     dead_tasks: tuple[str, ...] = ()
     health_stale_after: float = 10.0  # seconds without a completed pass that fail /healthz
     dra: DraStatus | None = None  # None: the DRA driver is off
+    gpus: tuple[Gpu, ...] = ()  # the node's NVIDIA GPUs, for the join series
 
     @property
     def ready(self) -> bool:

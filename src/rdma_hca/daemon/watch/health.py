@@ -221,6 +221,13 @@ class HealthWatcher:
         before = {(h.name, p.number): p.is_up for h in self.inventory.hcas for p in h.ports}
         changed = [(h.name, p.number) for h in inventory.hcas for p in h.ports
                    if before.get((h.name, p.number), p.is_up) != p.is_up]
+        moved = set(changed)
+        for h in inventory.hcas if moved else ():
+            for p in h.ports:
+                if (h.name, p.number) in moved:
+                    log.info("%s port %d is %s (%s/%s)", h.name, p.number,
+                             "up" if p.is_up else "down", p.state, p.phys_state,
+                             extra={"hca": h.name, "port": p.number})
         if changed:
             # A new dict, never an edit: a scrape may be rendering the old one on a thread.
             counts = dict(self.state_changes)

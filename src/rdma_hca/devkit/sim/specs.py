@@ -14,16 +14,66 @@ ZERO_GID_LINE = b"0000:0000:0000:0000:0000:0000:0000:0000\n"
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 ROCE_V1 = "IB/RoCE v1"
 ROCE_V2 = "RoCE v2"
+# ports/N/counters, as the kernel's sysfs ABI lists them (drivers/infiniband/core/sysfs.c).
 COUNTERS = (
-    "port_rcv_data",
-    "port_xmit_data",
-    "port_rcv_packets",
-    "port_xmit_packets",
-    "port_rcv_errors",
-    "port_xmit_discards",
-    "symbol_error",
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
     "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
 )
+# ports/N/hw_counters of mlx5 (drivers/infiniband/hw/mlx5/counters.c): these on every
+# port, the congestion (RoCE ECN/CNP) and adaptive-retransmission ones on Ethernet ports.
+MLX5_HW_COUNTERS = (
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "req_cqe_error",
+    "req_cqe_flush_error",
+    "req_remote_access_errors",
+    "req_remote_invalid_request",
+    "resp_cqe_error",
+    "resp_cqe_flush_error",
+    "resp_local_length_error",
+    "resp_remote_access_errors",
+    "rnr_nak_retry_err",
+    "rx_atomic_requests",
+    "rx_read_requests",
+    "rx_write_requests",
+)
+MLX5_ROCE_HW_COUNTERS = (
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rx_icrc_encapsulated",
+)
+# Not a counter: how many milliseconds the driver keeps the values it read.
+HW_LIFESPAN = "lifespan"
 UVERBS_ABI_VERSION = "6"
 MAD_ABI_VERSION = "5"
 

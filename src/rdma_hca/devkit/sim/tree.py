@@ -23,7 +23,10 @@ from pathlib import Path
 from rdma_hca.devkit.sim.pcitree import GpuSpec, PciTree, topology
 from rdma_hca.devkit.sim.specs import (
     COUNTERS,
+    HW_LIFESPAN,
     MAD_ABI_VERSION,
+    MLX5_HW_COUNTERS,
+    MLX5_ROCE_HW_COUNTERS,
     ROCE_V1,
     ROCE_V2,
     UVERBS_ABI_VERSION,
@@ -305,6 +308,13 @@ class SimNode(PciTree):
             os.makedirs(cdir)
             for counter in COUNTERS:
                 write_line(os.path.join(cdir, counter), "0")
+            if spec.driver == "mlx5_core":
+                hdir = os.path.join(pd, "hw_counters")
+                os.makedirs(hdir)
+                names = MLX5_HW_COUNTERS + (() if is_ib else MLX5_ROCE_HW_COUNTERS)
+                for counter in names:
+                    write_line(os.path.join(hdir, counter), "0")
+                write_line(os.path.join(hdir, HW_LIFESPAN), "10")
 
     @staticmethod
     def _write_port_state(port_dir: str, up: bool) -> None:
@@ -407,9 +417,11 @@ class SimNode(PciTree):
         ports[port - 1] = replace(ports[port - 1], up=up)
         self.specs[hca] = replace(spec, ports=tuple(ports))
 
-    def set_counter(self, hca: str, port: int, counter: str, value: int) -> None:
+    def set_counter(self, hca: str, port: int, counter: str, value: int, *,
+                    hw: bool = False) -> None:
+        """Write one counter of ``ports/<port>/counters`` (``hw_counters`` with ``hw``)."""
         self._require(hca)
-        cdir = self.port_dir(hca, port) / "counters"
+        cdir = self.port_dir(hca, port) / ("hw_counters" if hw else "counters")
         cdir.mkdir(exist_ok=True)
         replace_line(str(cdir / counter), str(value))
 
