@@ -28,6 +28,8 @@ from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.kit.logs import JsonFormatter
 
+WATCH = "rdma_hca.daemon.watch.health"
+POOL = "rdma_hca.daemon.deviceplugin.runtime"
 TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) +rdma_hca(\.\w+)+: \S.*$")
 LEVELS = {"debug", "info", "warning", "error", "critical"}
@@ -87,9 +89,9 @@ async def test_json_format_every_line_is_an_object(level: str, node: SimNode,
     assert bool(allocate) is (level == "debug"), messages
     assert all(d["resource"] == R for d in allocate)
     # Port changes and pool problems carry the fields to filter on.
-    ports = [d for d in docs if d["logger"] == "rdma_hca.health" and " port " in d["message"]]
+    ports = [d for d in docs if d["logger"] == WATCH and " port " in d["message"]]
     assert ports and all(isinstance(d["port"], int) and d["hca"] for d in ports), ports
-    pool = [d for d in docs if d["logger"] == "rdma_hca.pool"]
+    pool = [d for d in docs if d["logger"] == POOL]
     assert pool and all(d["resource"] == R for d in pool), pool
     assert any(d.get("hca") and d["level"] == "warning" for d in pool), pool
 
@@ -122,7 +124,7 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
         async with serve(serve_argv(node, plugin_dir, poll="0.05")) as proc:
             await wait_registered(kubelet)
 
-            def mentions(start: int, logger: str = "rdma_hca.pool") -> list[str]:
+            def mentions(start: int, logger: str = POOL) -> list[str]:
                 return [line for line in proc.lines[start:]
                         if "mlx5_6" in line and f" {logger}: " in line]
 
@@ -135,7 +137,7 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
             assert len(down) == 1, down
             assert " WARNING " in down[0] and "DOWN" in down[0].upper()
             # The watcher says what the port did, once too.
-            assert [line.split(": ", 1)[1] for line in mentions(mark, "rdma_hca.health")] == [
+            assert [line.split(": ", 1)[1] for line in mentions(mark, WATCH)] == [
                 "mlx5_6 port 1 is down (DOWN/Disabled)"]
 
             mark = len(proc.lines)
@@ -145,7 +147,7 @@ async def test_a_port_down_is_logged_once_and_its_recovery_once(node: SimNode,
             up = mentions(mark)
             assert len(up) == 1, up
             assert " INFO " in up[0] and "resolved" in up[0]
-            assert [line.split(": ", 1)[1] for line in mentions(mark, "rdma_hca.health")] == [
+            assert [line.split(": ", 1)[1] for line in mentions(mark, WATCH)] == [
                 "mlx5_6 port 1 is up (ACTIVE/LinkUp)"]
             proc.send(signal.SIGTERM)
             assert await proc.wait_exit() == 0

@@ -460,9 +460,8 @@ async def dra_metrics_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     """/metrics of a daemon that runs the DRA driver alone (registered, slice published)."""
     import tempfile
 
-    from rdma_hca.devkit.dra.apiserver import FakeApiServer
-
     from rdma_hca.devkit.dra.kubelet import DraKubelet
+    from rdma_hca.devkit.kube.apiserver import FakeApiServer
     from rdma_hca.devkit.sim import nodes as sim
     from rdma_hca.settings.config import DraConfig
 

@@ -125,6 +125,14 @@ def parse_claim(obj: object) -> Claim:
     return Claim(namespace, name, uid, tuple(devices), obj)
 
 
+def _claim_field(ref: ClaimRef) -> str:
+    """``namespace/name`` for the logs' claim field, bounded: the kubelet's call is input."""
+    return f"{ref.namespace}/{ref.name}"[:MAX_CLAIM_FIELD]
+
+
+MAX_CLAIM_FIELD = 320  # a namespace (63) and a name (253), and the slash
+
+
 class ClaimReader(Protocol):
     """The part of the driver's ``ApiClient`` that claims use."""
 
@@ -329,7 +337,7 @@ class ClaimKeeper:
         except Exception as exc:
             log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(ref.uid), exc,
-                        extra={"claim": f"{short_repr(ref.namespace)}/{short_repr(ref.name)}"})
+                        extra={"claim": _claim_field(ref)})
             return PrepareResult(error=str(exc) or type(exc).__name__)
 
     async def _prepare_locked(self, ref: ClaimRef) -> PrepareResult:
@@ -378,7 +386,7 @@ class ClaimKeeper:
         self._verified.add(uid)
         log.info("claim %s/%s prepared: %s", ref.namespace, ref.name,
                  ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices),
-                 extra={"claim": f"{ref.namespace}/{ref.name}"})
+                 extra={"claim": _claim_field(ref)})
         if self.on_prepared is not None:
             hook = self.on_prepared
             self._hook(uid, "on_prepared", lambda: hook(claim, prepared.devices))
@@ -458,13 +466,13 @@ class ClaimKeeper:
         except Exception as exc:
             log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(uid), exc,
-                        extra={"claim": f"{short_repr(ref.namespace)}/{short_repr(ref.name)}"})
+                        extra={"claim": _claim_field(ref)})
             return f"cannot remove the CDI spec or the checkpoint entry: {exc}"
         had = self.prepared.pop(uid, None) is not None
         self._verified.discard(uid)
         if had or was:
             log.info("claim %s/%s unprepared", ref.namespace, ref.name,
-                     extra={"claim": f"{ref.namespace}/{ref.name}"})
+                     extra={"claim": _claim_field(ref)})
             if self.on_unprepared is not None:
                 hook = self.on_unprepared
                 self._hook(uid, "on_unprepared", lambda: hook(ref))
