@@ -455,6 +455,24 @@ CASES: dict[str, list[Case]] = {
     ],
     "RdmaHcaDraPrepareErrors": [
         (
+            "claims failing for 10 minutes fire and resolve once they stop; a one-off failure a "
+            "retry fixed does not, nor OK claims",
+            [
+                series("rdma_hca_dra_prepare_total", dict(T, result="error"), "0x3 1+1x12 13x12"),
+                series("rdma_hca_dra_prepare_total", dict(T, result="ok"), "0+5x24"),
+                series("rdma_hca_dra_prepare_total", dict(T2, result="error"), "0x4 1x20"),
+                series("rdma_hca_dra_prepare_total", dict(T2, result="ok"), "0x4 1x20"),
+            ],
+            [("12m", []), ("16m", [(dict(T, result="error"), 5)]), ("24m", [])],
+        ),
+        (
+            "the first error of a driver counts: its series is there at 0 before it",
+            [series("rdma_hca_dra_prepare_total", dict(T, result="error"), "0x2 1+1x15")],
+            [("10m", []), ("14m", [(dict(T, result="error"), 5)])],
+        ),
+    ],
+    "RdmaHcaDraPrepareCallsFailing": [
+        (
             "the first failure fires though its series is new; other drivers and OK calls do not",
             [
                 series(

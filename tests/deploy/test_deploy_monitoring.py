@@ -252,7 +252,9 @@ def test_thresholds_and_runbook_links_are_tuned_in_values(render: RenderFn) -> N
     assert rules["RdmaHcaCongestion"]["expr"].endswith("> 2500.5")
     assert rules["RdmaHcaRetransmits"]["expr"].endswith("> 40")
     assert "> 300)" in rules["RdmaHcaHealthLoopStalled"]["expr"]
-    assert 'driver_name="hca.example.com"' in rules["RdmaHcaDraPrepareErrors"]["expr"]
+    assert 'driver_name="hca.example.com"' in rules["RdmaHcaDraPrepareCallsFailing"]["expr"]
+    assert "hca.example.com DRA driver" in rules["RdmaHcaDraPrepareErrors"]["annotations"][
+        "description"]
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example.com/rdma#")
                for r in rules.values())
 
@@ -283,7 +285,10 @@ def test_the_alerts_cover_the_failures_operators_watch() -> None:
             "RdmaHcaHealthLoopStalled", "RdmaHcaCongestion", "RdmaHcaRetransmits",
             "RdmaHcaLinkErrors",
             "RdmaHcaDraNotRegistered", "RdmaHcaDraSliceNotPublished",
-            "RdmaHcaDraPrepareErrors"} <= set(by_name)
+            "RdmaHcaDraPrepareErrors", "RdmaHcaDraPrepareCallsFailing"} <= set(by_name)
+    # The driver's own count per claim: an error inside an OK answer is no failed call.
+    assert selectors(by_name["RdmaHcaDraPrepareErrors"]["expr"]) == [
+        ("rdma_hca_dra_prepare_total", {"result"})]
     # No threshold sits on a whole number of changes that increase() may read a hair above.
     assert by_name["RdmaHcaPortFlapping"]["expr"].endswith("> 4.5")
     runbooks = (REPO / "docs" / "runbooks.md").read_text()
@@ -336,6 +341,7 @@ def test_the_dashboard_follows_the_conventions() -> None:
     queries = " ".join(dashboard_queries())
     for wanted in ('up{app_kubernetes_io_name="ack-rdma-device-plugin"', "rdma_hca_hca_missing",
                    "rdma_hca_dra_registered", "rdma_hca_dra_slice_published", "np_cnp_sent",
+                   "rdma_hca_dra_prepare_total", "rdma_hca_dra_prepare_seconds_bucket",
                    "out_of_sequence", "rdma_hca_hca_info"):
         assert wanted in queries, f"no panel shows {wanted}"
     assert len(by_title) == len(panels), "two panels with one title"

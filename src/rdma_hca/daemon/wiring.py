@@ -172,6 +172,9 @@ class Daemon:
                 prepared_claims=len(self.dra.prepared),
                 publish_error=self.dra.publish_error,
                 published=self.dra.published_since_start,
+                prepares=dict(self.dra.claims.prepare_results),
+                unprepares=dict(self.dra.claims.unprepare_results),
+                prepare_seconds=self.dra.claims.prepare_seconds.counts(),
             ),
         )
 

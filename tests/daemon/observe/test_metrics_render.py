@@ -7,7 +7,8 @@ from dataclasses import replace
 from test_serve_process import metric_samples
 
 from rdma_hca.daemon.observe.metrics import render
-from rdma_hca.daemon.observe.status import PoolStatus, Status
+from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+from rdma_hca.kit.histogram import Histogram
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
 
 
@@ -96,3 +97,21 @@ def test_each_gpu_has_an_info_series_in_dcgms_bus_id_form() -> None:
           "pcie_root": "pci0000:3a", "numa_node": "0", "device": "0x2330"}, 1.0),
         ({"pci_bus_id": "00000000:C1:00.0", "pci_address": "0000:c1:00.0", "pcie_root": "",
           "numa_node": "", "device": ""}, 1.0)]
+
+
+def test_dra_claim_outcomes_and_prepare_times_come_from_the_snapshot() -> None:
+    assert "rdma_hca_dra_prepare_total" not in render(STATUS).decode()  # DRA off
+    h = Histogram((0.01, 0.1))
+    for seconds in (0.002, 0.05, 3.0):
+        h.observe(seconds)
+    dra = DraStatus(True, 1, 0, None, prepares={"error": 2}, prepare_seconds=h.counts())
+    s = metric_samples(render(replace(STATUS, dra=dra)).decode())
+    # Both results at 0 until they happen: increase() sees the first error.
+    assert s["rdma_hca_dra_prepare_total"] == [
+        ({"result": "ok"}, 0.0), ({"result": "error"}, 2.0)]
+    assert s["rdma_hca_dra_unprepare_total"] == [
+        ({"result": "ok"}, 0.0), ({"result": "error"}, 0.0)]
+    assert s["rdma_hca_dra_prepare_seconds_bucket"] == [
+        ({"le": "0.01"}, 1.0), ({"le": "0.1"}, 2.0), ({"le": "+Inf"}, 3.0)]
+    assert s["rdma_hca_dra_prepare_seconds_count"] == [({}, 3.0)]
+    assert s["rdma_hca_dra_prepare_seconds_sum"][0][1] == 3.052

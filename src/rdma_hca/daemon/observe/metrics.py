@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -27,6 +27,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
     # prometheus_client appends _total itself.
     return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
+
+
+def _le(bound: float) -> str:
+    # As prometheus_client writes its own buckets: 0.5, 1.0, 10.0.
+    return repr(float(bound))
 
 
 class StatusFamilies:
@@ -91,6 +96,24 @@ class StatusFamilies:
                                       "while publishing it fails")
         published.add_metric([], 0.0 if s.dra.publish_error else 1.0)
         yield published
+        # Per claim, not per call: a NodePrepareResources answer is OK for the kubelet's
+        # gRPC metrics even when it carries an error for one of its claims. Both results
+        # from the start, as for Allocate.
+        for name, doc, results in (
+                ("rdma_hca_dra_prepare_total", "Claims NodePrepareResources answered",
+                 s.dra.prepares),
+                ("rdma_hca_dra_unprepare_total", "Claims NodeUnprepareResources answered",
+                 s.dra.unprepares)):
+            family = _counter(name, doc, ["result"])
+            for result in ("ok", "error"):
+                family.add_metric([result], results.get(result, 0))
+            yield family
+        h = s.dra.prepare_seconds
+        buckets = [(_le(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)]
+        buckets.append(("+Inf", float(h.count)))
+        yield HistogramMetricFamily("rdma_hca_dra_prepare_seconds",
+                                    "Time to prepare one claim of a NodePrepareResources call",
+                                    buckets=buckets, sum_value=h.total)
 
     def _pools(self, s: Status) -> Iterator[Metric]:
         total = GaugeMetricFamily("rdma_hca_pool_devices", "Devices advertised to the kubelet",

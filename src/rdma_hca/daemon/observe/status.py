@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rdma_hca.kit.histogram import HistogramCounts
 from rdma_hca.node.model import Gpu, Hca
 
 
@@ -33,6 +34,10 @@ class DraStatus:
     prepared_claims: int
     publish_error: str | None  # why the node's ResourceSlice could not be published
     published: bool = True  # a slice was published since the driver started
+    # Claims answered, by result ("ok", "error"), and each claim's Prepare time.
+    prepares: Mapping[str, int] = field(default_factory=dict)
+    unprepares: Mapping[str, int] = field(default_factory=dict)
+    prepare_seconds: HistogramCounts = field(default_factory=HistogramCounts)
 
 
 @dataclass(frozen=True, slots=True)
