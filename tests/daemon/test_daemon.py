@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -324,6 +325,14 @@ async def test_old_stream_cannot_disconnect_the_new_registration(
         await kubelet.stop()
 
 
+async def events_handled(daemon: Daemon, plugin_dir: Path) -> None:
+    """Return once every directory event so far has been handled (a marker file's is)."""
+    marker = plugin_dir / f".handled-{time.monotonic_ns()}"
+    marker.touch()
+    assert await wait_until(lambda: daemon.lifecycle.last_dir_event == marker.name, 5)
+    marker.unlink()
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.1])
 async def test_one_registration_per_kubelet_restart(daemon: Daemon, kubelet: KubeletEmulator,
                                                     delay: float) -> None:
@@ -336,9 +345,11 @@ async def test_one_registration_per_kubelet_restart(daemon: Daemon, kubelet: Kub
         await kubelet.wait_for(lambda b=before: kubelet.registrations(R) > b
                                and kubelet.allocatable(R) == 1000, timeout=10)
         assert await wait_until(daemon.ready, 5)
-        await asyncio.sleep(0.3)  # let any late trigger act before counting
-        assert kubelet.registrations(R) == before + 1
+        # A late trigger of this restart (our socket removed, kubelet.sock created) would
+        # have owed a registration by now, in the step that handled its event.
+        await events_handled(daemon, kubelet.plugin_dir)
         assert daemon.ready()
+        assert kubelet.registrations(R) == before + 1
 
 
 class _CleansDuringRegister(KubeletEmulator):
@@ -391,7 +402,10 @@ async def test_trigger_while_the_server_is_replaced_costs_one_restart(
     await kubelet.wait_for(lambda: kubelet.registrations(R) > before
                            and kubelet.allocatable(R) == 1000)
     new = lifecycle.servers[R]
-    await asyncio.sleep(0.3)  # let a wrongly owed restart happen before counting
+    # The old server's socket going and the new one's coming are handled by now: a
+    # restart they wrongly owed would show in the state.
+    await events_handled(daemon, kubelet.plugin_dir)
+    assert not lifecycle.pools[R].restart_owed
     assert kubelet.registrations(R) == before + 1
     assert lifecycle.servers[R] is new
     assert daemon.ready()

@@ -76,6 +76,9 @@ class KubeletLifecycle:
         self._tasks: list[asyncio.Task[None]] = []
         self._dir_missing = False
         self.failed_passes = 0  # reconcile passes that ended in a retry with backoff
+        # The entry named by the last directory event handled: events come in order, so
+        # once a file made after something has been seen, that something was handled too.
+        self.last_dir_event: str | None = None
 
     # --- what others read ---------------------------------------------------------------
 
@@ -318,6 +321,7 @@ class KubeletLifecycle:
                 self._socket_changed(
                     pool, f"{event.name} was " + (
                         "removed" if event.removed else "replaced by another file"))
+            self.last_dir_event = event.name
 
     async def _backstop(self) -> None:
         """A slow poll in case an inotify event was lost (or inotify is unavailable)."""
