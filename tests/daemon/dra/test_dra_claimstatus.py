@@ -47,8 +47,8 @@ def node(tmp_path: Path) -> sim.SimNode:
 
 
 def writer(client: SliceApi, node: sim.SimNode, **kw: Any) -> ClaimStatusWriter:
-    offer = Offer.build(discover_node(node.sysfs_root, node.dev_root).hcas, DRIVER,
-                        Mode.SHARED, True)
+    inventory = discover_node(node.sysfs_root, node.dev_root)
+    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
                              hca_of=offer.hcas.get, files=OffLoop(5.0), **kw)
 

@@ -82,7 +82,7 @@ async def test_a_200_device_sriov_node_publishes(
         api: FakeApiServer, client: SliceApi, tmp_path: Path) -> None:
     node = sriov_node(tmp_path / "n")
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    big = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True)
+    big = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     assert len(big.devices) == 200
     publisher = SlicePublisher(client, DRIVER, NODE, NODE)
     assert await publisher.publish(big)

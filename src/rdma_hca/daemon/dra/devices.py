@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rdma_hca.node.model import Hca
+from rdma_hca.daemon.offer.health import hca_healthy
+from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.config import Mode
 
 STANDARD = "resource.kubernetes.io"
@@ -49,8 +50,6 @@ def _label(name: str) -> str:
     return label or "hca"
 
 
-def healthy(hca: Hca) -> bool:
-    return hca.usable and hca.any_port_up
 
 
 def link_state(hca: Hca) -> str:
@@ -95,7 +94,9 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[s
     entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
-    if taints and not healthy(hca):
+    # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
+    # node's, not the device's, and shows in the health stream instead.
+    if taints and not (hca.usable and hca.any_port_up):
         entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": link_state(hca),
                             "effect": "NoSchedule"}]
     return entry
@@ -108,16 +109,19 @@ class Offer:
     hcas: Mapping[str, Hca]  # device name -> HCA
     devices: Sequence[dict[str, Any]]
     digest: str
+    rdma_cm: CharDevice | None = None
 
     @classmethod
-    def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool) -> Offer:
+    def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
+              rdma_cm: CharDevice | None) -> Offer:
         names = device_names(h.name for h in hcas)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
         devices = [device(h, n, driver, mode, taints) for n, h in by_device.items()]
-        return cls(by_device, devices, digest(devices))
+        return cls(by_device, devices, digest(devices), rdma_cm)
 
     def health(self) -> dict[str, bool]:
-        return {n: healthy(h) for n, h in self.hcas.items()}
+        """Each device's health as the device plugin judges its HCA (``offer.health``)."""
+        return {n: hca_healthy(h, self.rdma_cm) for n, h in self.hcas.items()}
 
 
 def digest(devices: Sequence[Mapping[str, Any]]) -> str:

@@ -105,7 +105,7 @@ class DraDriver:
         self._api = api
         self._own_api = api is None
         self.taints = config.device_taints
-        self.offer = Offer.build((), config.driver_name, config.mode, self.taints)
+        self.offer = Offer.build((), config.driver_name, config.mode, self.taints, None)
         self.rdma_cm: CharDevice | None = None
         self.board = HealthBoard(config.pool_name)
         self._files = OffLoop(config.read_deadline)
@@ -251,10 +251,13 @@ class DraDriver:
         self.status_writer = writer
 
     def _rebuild(self) -> None:
-        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints)
+        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints,
+                            self.rdma_cm)
         self.claims.hcas = offer.hcas
-        if offer.digest != self.offer.digest:
-            self.offer = offer
+        # Replaced even when the slice stays as it is: the health verdict also follows
+        # rdma_cm, which the slice does not show.
+        changed, self.offer = offer.digest != self.offer.digest, offer
+        if changed:
             self._wake.set()
 
     def _on_registered(self) -> None:
