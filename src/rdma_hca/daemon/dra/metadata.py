@@ -16,8 +16,9 @@ A subrequest (``<request>/<subrequest>``) is filed under its request and named i
 inside. Each device carries the attributes its ResourceSlice publishes, its RoCE v2 GIDs
 with their address family, and the env the claim's CDI spec sets. The files are bound
 through the claim's own CDI spec: each HCA's CDI device mounts the files of its requests,
-so a container sees the files of the requests it uses. Building is pure; ``write`` and
-``remove`` block (the driver runs them off the loop).
+so a container sees the files of the requests it uses (two HCAs of one request mount the
+same file: CDI keeps one mount per container path). Building is pure; ``write``, ``undo``
+and ``remove`` block (the driver runs them off the loop).
 """
 
 from __future__ import annotations
