@@ -36,6 +36,7 @@ from rdma_hca.settings.model import (
     DEFAULT_RESEND_SECONDS,
     DEFAULT_RESOURCE_NAME,
     ENV_PREFIX,
+    DeviceMetadata,
     LogFormat,
     LogLevel,
     Mode,
@@ -184,6 +185,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("dra.startJitterSeconds", Kind.FLOAT, DEFAULT_DRA_START_JITTER_SECONDS,
        "the first publish waits a random part of this, so a fleet restarting at once "
        "spreads out, seconds", minimum=0, maximum=600),
+    _s("dra.deviceMetadata", Kind.ENUM, DeviceMetadata.OFF.value,
+       "per-claim device metadata files (KEP-5304, docs/dra.md) mounted into the claim's "
+       "containers: v1alpha1 (what Kubernetes 1.36 reads), v1beta1 (v1beta1, then "
+       "v1alpha1), off: none", enum=DeviceMetadata,
+       aliases=(("false", "off"),)),  # YAML reads a bare off as false
     # --- timing ------------------------------------------------------------------------
     _s("healthPollSeconds", Kind.FLOAT, DEFAULT_HEALTH_POLL_SECONDS,
        "how often port state is read from sysfs, seconds", minimum=0.05, maximum=60),

@@ -67,6 +67,18 @@ class NcclEnv(StrEnum):
     OFF = "off"
 
 
+class DeviceMetadata(StrEnum):
+    """Whether, and in which versions, the DRA driver writes KEP-5304 device metadata.
+
+    ``v1alpha1``: the version Kubernetes 1.36 reads; ``v1beta1``: v1beta1 then v1alpha1 in
+    one stream, newest first, as the upstream helper writes when given both; ``off``: none.
+    """
+
+    OFF = "off"
+    V1ALPHA1 = "v1alpha1"
+    V1BETA1 = "v1beta1"
+
+
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
@@ -161,6 +173,8 @@ class DraConfig:
     resync_seconds: float = DEFAULT_DRA_RESYNC_SECONDS
     # The first publish waits a random part of this, so a fleet restarting spreads out.
     start_jitter_seconds: float = DEFAULT_DRA_START_JITTER_SECONDS
+    # Per-request device metadata files (KEP-5304) mounted into the claim's containers.
+    device_metadata: DeviceMetadata = DeviceMetadata.OFF
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from rdma_hca.daemon.dra import files
+from rdma_hca.daemon.dra import files, metadata
 from rdma_hca.daemon.dra.checkpoint import (
     CHECKPOINT_VERSION,
     Checkpoint,
@@ -380,18 +380,26 @@ class ClaimKeeper:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {claim.uid}, "
                              f"not {uid}: it was deleted and created again")
         prepared, hcas = self._plan(claim)
+        meta = metadata.plan_for(self.config, uid, prepared, hcas,
+                                 metadata.pod_claim_name(claim.source))
         spec = files.claim_spec(self.config.driver_name, uid, prepared, hcas, self.rdma_cm,
-                                self.config.env)
+                                self.config.env, meta.mounts)
         fallback = dict(self.prepared)
 
         def commit() -> None:
-            files.write_claim_spec(self.config.cdi_spec_dir, self.config.driver_name, uid, spec)
+            metadata.write(meta)  # before the spec that mounts them
             try:
-                self.checkpoint.update(lambda c: c.__setitem__(uid, prepared), fallback)
+                files.write_claim_spec(self.config.cdi_spec_dir, self.config.driver_name, uid,
+                                       spec)
+                try:
+                    self.checkpoint.update(lambda c: c.__setitem__(uid, prepared), fallback)
+                except BaseException:
+                    # Without its checkpoint entry a restart would forget the claim: undo.
+                    files.remove_claim_spec(self.config.cdi_spec_dir, self.config.driver_name,
+                                            uid)
+                    raise
             except BaseException:
-                # Without its checkpoint entry a restart would forget the claim: undo.
-                files.remove_claim_spec(self.config.cdi_spec_dir, self.config.driver_name,
-                                        uid)
+                metadata.undo(meta)
                 raise
 
         async with self._devices_locked([d.device for d in prepared.devices]):
@@ -443,9 +451,19 @@ class ClaimKeeper:
         if await self._run(f"looking for {path}", lambda: os.path.exists(path)):
             return
         hcas = {d.device: self._hca(d.device, d.hca) for d in claim.devices}
-        spec = files.claim_spec(driver, uid, claim, hcas, self.rdma_cm, self.config.env)
-        await self._run(f"writing {path}",
-                        lambda: files.write_claim_spec(spec_dir, driver, uid, spec))
+        pod_claim = (await self._run(
+            "reading the device metadata of claim " + uid,
+            lambda: metadata.written_pod_claim(self.config.plugin_dir, claim))
+            if metadata.versions(self.config.device_metadata) else None)
+        meta = metadata.plan_for(self.config, uid, claim, hcas, pod_claim)
+        spec = files.claim_spec(driver, uid, claim, hcas, self.rdma_cm, self.config.env,
+                                meta.mounts)
+
+        def write() -> None:
+            metadata.write(meta)
+            files.write_claim_spec(spec_dir, driver, uid, spec)
+
+        await self._run(f"writing {path}", write)
 
     # --- unprepare ------------------------------------------------------------------
 
@@ -467,6 +485,7 @@ class ClaimKeeper:
         def commit() -> bool:
             # Removed even when unknown: a crash may fall between spec and checkpoint.
             files.remove_claim_spec(spec_dir, driver, uid)
+            metadata.remove(self.config.plugin_dir, ref.namespace, ref.name, uid)
             removed = [False]
 
             def drop(claims: Claims) -> None:

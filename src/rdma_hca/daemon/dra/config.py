@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from rdma_hca.daemon.offer.env import EnvSettings, env_settings
-from rdma_hca.settings.config import Mode, Selectors
+from rdma_hca.settings.config import DeviceMetadata, Mode, Selectors
 from rdma_hca.settings.model import Settings
 
 DRA_SOCKET = "dra.sock"
@@ -58,6 +58,7 @@ class DriverConfig:
     sysfs_root: str
     socket_check_seconds: float
     health_resend_seconds: float
+    device_metadata: DeviceMetadata
 
     @classmethod
     def from_settings(cls, settings: Settings, *, read_deadline: float | None = None,
@@ -86,6 +87,7 @@ class DriverConfig:
             sysfs_root=settings.sysfs_root,
             socket_check_seconds=fixed.socket_check_seconds,
             health_resend_seconds=fixed.health_resend_seconds,
+            device_metadata=DeviceMetadata(settings.dra.device_metadata),
         )
 
     @property

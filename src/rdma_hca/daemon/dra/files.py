@@ -56,17 +56,20 @@ def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
 
 
 def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
-               rdma_cm: CharDevice | None, env_settings: EnvSettings) -> dict[str, Any]:
+               rdma_cm: CharDevice | None, env_settings: EnvSettings,
+               mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
+               ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated HCA (``hcas`` by device).
 
     Every device carries the claim's whole HCA list in its env, so a container gets one
-    consistent value.
+    consistent value; ``mounts`` (by device) are the device metadata files of its requests.
     """
     env = claim_env(list(hcas.values()), env_settings)
     devices = [
         CdiDevice(cdi_device_name(claim_uid, d.device), hcas[d.device].device_nodes(), env,
                   {f"{driver}/device": d.device, f"{driver}/pool": d.pool,
-                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names)})
+                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names)},
+                  tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
     return make_spec(cdi_kind(driver), devices, rdma_cm, {

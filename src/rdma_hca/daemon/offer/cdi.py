@@ -49,12 +49,14 @@ def _node(dev: CharDevice) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class CdiDevice:
-    """One CDI device: its name, the device nodes and env it adds, what it says of itself."""
+    """One CDI device: its name, the device nodes, env and files it adds, what it says of
+    itself. ``mounts`` are (host path, container path) pairs, bound read-only."""
 
     name: str
     nodes: Sequence[CharDevice]
     env: Sequence[str] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    mounts: Sequence[tuple[str, str]] = ()
 
 
 def make_spec(kind: str, devices: Iterable[CdiDevice], rdma_cm: CharDevice | None,
@@ -69,6 +71,9 @@ def make_spec(kind: str, devices: Iterable[CdiDevice], rdma_cm: CharDevice | Non
         edits: dict[str, Any] = {"deviceNodes": [_node(n) for n in d.nodes]}
         if d.env:
             edits["env"] = list(d.env)
+        if d.mounts:
+            edits["mounts"] = [{"hostPath": host, "containerPath": inside,
+                                "options": ["ro", "bind"]} for host, inside in d.mounts]
         entry: dict[str, Any] = {"name": d.name, "containerEdits": edits}
         if d.annotations:
             entry["annotations"] = dict(d.annotations)
