@@ -44,7 +44,12 @@ def netns() -> Iterator[str]:
     if made.returncode != 0:
         pytest.skip(f"ip netns is unavailable here: {made.stderr.strip()}")
     try:
+        # No IPv6 link-local addresses: the kernel would add them a moment (DAD) after the
+        # links come up, and such a late address event makes the daemon re-read the node
+        # while the test means it to see nothing.
         for args in (("link", "add", VETH, "type", "veth", "peer", "name", PEER),
+                     ("link", "set", VETH, "addrgenmode", "none"),
+                     ("link", "set", PEER, "addrgenmode", "none"),
                      ("link", "set", VETH, "up"), ("link", "set", PEER, "up")):
             done = ip("-n", name, *args)
             assert done.returncode == 0, f"ip -n {name} {' '.join(args)}: {done.stderr}"
