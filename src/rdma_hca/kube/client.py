@@ -26,9 +26,10 @@ import random
 import ssl
 import time
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kube.credentials import Credentials
 from rdma_hca.kube.errors import (
     ApiError,
@@ -39,6 +40,8 @@ from rdma_hca.kube.errors import (
     UnreachableError,
 )
 from rdma_hca.kube.policy import Backoff, ClientPolicy, Clock, Sleep, TokenBucket, retry_after
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,16 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
         raise ConfigError(f"{creds.source}: {exc}") from exc
 
 
+async def off_loop(off: OffLoop | None, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` off the event loop: on ``off`` within its deadline, else on a thread."""
+    if off is None:
+        return await asyncio.to_thread(fn)
+    try:
+        return await off.run(what, fn)
+    except Stalled as exc:
+        raise KubeError(str(exc)) from exc
+
+
 class ApiClient:
     """``await request(method, path, body=...)`` -> the object the server answered."""
 
@@ -92,10 +105,12 @@ class ApiClient:
         self.retries = 0
 
     @classmethod
-    async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None,
-                      **kw: Any) -> ApiClient:
-        """Build the client off the event loop (it reads certificate files)."""
-        return await asyncio.to_thread(lambda: cls(creds, policy, **kw))
+    async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
+                      off: OffLoop | None = None, **kw: Any) -> ApiClient:
+        """Build the client off the event loop (it reads certificate files); with ``off``
+        (the daemon's), within its deadline, so a hung filesystem cannot hold a stop."""
+        return await off_loop(off, "reading the API server's certificates",
+                              lambda: cls(creds, policy, **kw))
 
     @property
     def server(self) -> str:

@@ -179,7 +179,8 @@ class DraDriver:
                 self._api = await SliceApi.connect(self.config.kubeconfig,
                                                    self.config.read_deadline,
                                                    qps=self.config.api_qps,
-                                                   burst=self.config.api_burst)
+                                                   burst=self.config.api_burst,
+                                                   off=self._files)
             except KubeApiError as exc:
                 tried = await self._files.run("looking for API server credentials",
                                               lambda: credentials_tried(self.config.kubeconfig))

@@ -6,13 +6,13 @@ else ``KUBECONFIG``/``~/.kube/config``. lightkube loads only when the driver sta
 
 from __future__ import annotations
 
-import asyncio
 import os
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from rdma_hca.kube.client import ApiClient
+from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kube.client import ApiClient, off_loop
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import DEFAULT_BURST, DEFAULT_QPS, ClientPolicy
@@ -40,14 +40,18 @@ class SliceApi:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, timeout: float, *,
-                      qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST) -> SliceApi:
-        """Read credentials (files: off the event loop) and make the client."""
+                      qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST,
+                      off: OffLoop | None = None) -> SliceApi:
+        """Read credentials (files: off the event loop, within ``off``'s deadline when
+        given) and make the client."""
+        env, home = dict(os.environ), Path.home()
         try:
-            creds = await asyncio.to_thread(
-                load_credentials, kubeconfig=kubeconfig, context=None, env=dict(os.environ),
-                home=Path.home(), in_cluster_first=True)
+            creds = await off_loop(off, "reading the API server credentials", lambda: (
+                load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
+                                 in_cluster_first=True)))
             client = await ApiClient.connect(
-                creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout))
+                creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout),
+                off=off)
         except KubeError as exc:
             raise KubeError(f"no usable API server credentials: {exc}") from exc
         return cls(client)
