@@ -84,7 +84,12 @@ def test_dra_beside_the_device_plugin(render: RenderFn) -> None:
         "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     cfg = config(objs)
     assert cfg["selectors"] == {"names": ["mlx5_0", "mlx5_1"]}
-    assert cfg["dra"] == {"selectors": {"names": ["mlx5_2"], "linkLayers": ["InfiniBand"]}}
+    assert cfg["dra"]["selectors"] == {"names": ["mlx5_2"], "linkLayers": ["InfiniBand"]}
+    # The driver's own settings come from the chart's dra values, defaults included.
+    assert {k: cfg["dra"][k] for k in ("mode", "deviceMetadata", "apiQps", "apiBurst",
+                                       "resyncSeconds", "startJitterSeconds")} == {
+        "mode": "shared", "deviceMetadata": "off", "apiQps": 5, "apiBurst": 10,
+        "resyncSeconds": 60, "startJitterSeconds": 5}
 
 
 def test_cdi_spec_dir_is_mounted_once_with_or_without_cdi(render: RenderFn) -> None:

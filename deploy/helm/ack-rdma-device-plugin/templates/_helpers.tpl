@@ -245,6 +245,12 @@ cdi:
   specDir: {{ .Values.cdi.specDir | quote }}
 {{- if .Values.dra.enabled }}
 dra:
+  mode: {{ .Values.dra.mode }}
+  deviceMetadata: {{ .Values.dra.deviceMetadata | toJson }}
+  apiQps: {{ .Values.dra.apiQps }}
+  apiBurst: {{ .Values.dra.apiBurst }}
+  resyncSeconds: {{ .Values.dra.resyncSeconds }}
+  startJitterSeconds: {{ .Values.dra.startJitterSeconds }}
   {{- if .Values.dra.selectors }}
   selectors:
     {{- toYaml .Values.dra.selectors | nindent 4 }}
