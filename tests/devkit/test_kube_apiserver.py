@@ -66,9 +66,12 @@ async def test_slices_over_the_limits_are_refused(
 
 
 async def test_slices_at_the_limits_are_taken(client: ApiClient) -> None:
-    await client.request("POST", SLICES, body=slice_of([device(i) for i in range(128)]))
-    await client.request("POST", SLICES, body=slice_of(
+    full = await client.request("POST", SLICES, body=slice_of([device(i) for i in range(128)]))
+    tainted = await client.request("POST", SLICES, body=slice_of(
         [device(i, attrs=32, taint=i == 0) for i in range(64)], name="s2"))
+    assert len(full["spec"]["devices"]) == 128
+    assert len(tainted["spec"]["devices"]) == 64
+    assert tainted["metadata"]["resourceVersion"]
 
 
 async def test_immutable_fields_and_resource_version_conflicts(client: ApiClient) -> None:
