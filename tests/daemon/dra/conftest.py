@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
@@ -27,6 +28,14 @@ def dra_node(tmp_path: Path) -> sim.SimNode:
 def api() -> AsyncIterator[FakeApiServer]:
     with FakeApiServer() as server:
         yield server
+
+
+@pytest.fixture
+async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[SliceApi]:
+    """The driver's own API layer, connected to ``api``."""
+    c = await SliceApi.connect(str(api.write_kubeconfig(tmp_path / "kc")), 5.0)
+    yield c
+    await c.close()
 
 
 @pytest.fixture

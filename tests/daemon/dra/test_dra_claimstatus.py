@@ -4,7 +4,6 @@ one log line where the server does not take the field."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +25,8 @@ NODE = "node-a"
 GPU = "gpu.example.com"
 
 
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[SliceApi]:
-    c = await SliceApi.connect(str(api.write_kubeconfig(tmp_path / "kc")), 5.0)
-    yield c
-    await c.close()
 
 
 @pytest.fixture

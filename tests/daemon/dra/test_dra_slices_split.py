@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,6 @@ def api() -> Iterator[FakeApiServer]:
         yield server
 
 
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[SliceApi]:
-    c = await SliceApi.connect(str(api.write_kubeconfig(tmp_path / "kc")), 5.0)
-    yield c
-    await c.close()
 
 
 def mine(api: FakeApiServer) -> list[dict[str, Any]]:
