@@ -22,3 +22,12 @@ def test_once_says_each_message_the_first_time_only() -> None:
     assert once.first("a")
     assert not once.first("a")
     assert once.first("b")
+
+
+def test_once_with_a_limit_starts_over_when_full() -> None:
+    once = Once(limit=2)
+    assert once.first("a") and once.first("b")
+    assert not once.first("a")
+    assert once.first("c")  # the third distinct message: the memory starts over
+    assert once.first("a")
+    assert not once.first("c")

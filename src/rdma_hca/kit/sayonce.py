@@ -27,14 +27,21 @@ class Latch:
 
 
 class Once:
-    """Each distinct message said once for the life of the object."""
+    """Each distinct message said once for the life of the object.
 
-    def __init__(self) -> None:
+    With ``limit``, at most that many are remembered: when more come (messages that name
+    ever new things), the memory starts over, and a message may be said once more.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
         self._said: set[str] = set()
+        self._limit = limit
 
     def first(self, message: str) -> bool:
         """True the first time ``message`` comes (then say it), False after."""
         if message in self._said:
             return False
+        if self._limit is not None and len(self._said) >= self._limit:
+            self._said.clear()
         self._said.add(message)
         return True

@@ -11,6 +11,7 @@ from lifecycle_support import R, running, settings_for
 from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.settings.config import CdiConfig, NcclEnv
 
 NINE = ",".join([*(f"mlx5_{i}:1" for i in range(8)), "mlx5_bond_0:1"])
@@ -37,7 +38,7 @@ async def test_the_default_env_on_the_host_network(node: SimNode, plugin_dir: Pa
 async def test_off_the_host_network_an_ipv4_node_gets_no_gid_choice(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(env_mod, "_SAID", set())
+    monkeypatch.setattr(env_mod, "_SAID", Once(limit=1024))
     settings = settings_for(node, plugin_dir, non_host_network=True,
                             cdi=CdiConfig(enabled=True, spec_dir=str(node.root / "cdi")))
     with caplog.at_level(logging.WARNING, logger=env_mod.__name__):

@@ -11,6 +11,7 @@ from rdma_hca.daemon.deviceplugin.pool import exclusive_ids, select
 from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.daemon.offer.env import EnvSettings, build, container_env
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.discovery import discover_node
 from rdma_hca.node.model import Hca
 from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig
@@ -157,7 +158,7 @@ def test_hca_and_off_modes(tmp_path: Path) -> None:
 
 def test_a_note_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(env_mod, "_SAID", set())
+    monkeypatch.setattr(env_mod, "_SAID", Once(limit=1024))
     hcas = roce(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11"))
     with caplog.at_level(logging.WARNING, logger=env_mod.__name__):
         for _ in range(3):

@@ -380,10 +380,7 @@ class ClaimKeeper:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {claim.uid}, "
                              f"not {uid}: it was deleted and created again")
         prepared, hcas = self._plan(claim)
-        meta = metadata.plan_for(self.config, uid, prepared, hcas,
-                                 metadata.pod_claim_name(claim.source))
-        spec = files.claim_spec(self.config.driver_name, uid, prepared, hcas, self.rdma_cm,
-                                self.config.env, meta.mounts)
+        meta, spec = self._files_of(uid, prepared, hcas, metadata.pod_claim_name(claim.source))
         fallback = dict(self.prepared)
 
         def commit() -> None:
@@ -455,15 +452,24 @@ class ClaimKeeper:
             "reading the device metadata of claim " + uid,
             lambda: metadata.written_pod_claim(self.config.plugin_dir, claim))
             if metadata.versions(self.config.device_metadata) else None)
-        meta = metadata.plan_for(self.config, uid, claim, hcas, pod_claim)
-        spec = files.claim_spec(driver, uid, claim, hcas, self.rdma_cm, self.config.env,
-                                meta.mounts)
+        meta, spec = self._files_of(uid, claim, hcas, pod_claim)
 
         def write() -> None:
             metadata.write(meta)
             files.write_claim_spec(spec_dir, driver, uid, spec)
 
         await self._run(f"writing {path}", write)
+
+    def _files_of(self, uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
+                  pod_claim: str | None) -> tuple[metadata.Plan, dict[str, Any]]:
+        """A claim's device metadata files and its CDI spec, from one env (the spec's
+        devices set it, and the metadata files repeat it)."""
+        env = files.claim_env(list(hcas.values()), self.config.env)
+        meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
+                             self.config.plugin_dir, uid, claim, hcas, env, pod_claim)
+        spec = files.claim_spec(self.config.driver_name, uid, claim, hcas, self.rdma_cm, env,
+                                meta.mounts)
+        return meta, spec
 
     # --- unprepare ------------------------------------------------------------------
 

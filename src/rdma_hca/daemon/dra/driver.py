@@ -40,8 +40,6 @@ from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 log = logging.getLogger(__name__)
 
-BACKOFF_FIRST = 0.2
-BACKOFF_MAX = 10.0
 STOP_WAIT = 1.0
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -123,7 +121,6 @@ class DraDriver:
         self.publish_error: str | None = None
         self.published = asyncio.Event()  # set after every successful publish pass
         self.publish_passes = 0  # successful publish passes, written or not
-        self.slice_published = False  # a slice was published since start: for /readyz
         self._publishing = False
         self._hcas: tuple[Hca, ...] = ()
         self._wake = asyncio.Event()
@@ -147,7 +144,7 @@ class DraDriver:
 
     @property
     def published_since_start(self) -> bool:
-        return self.slice_published or self.publish_passes > 0
+        return self.publish_passes > 0
 
     @property
     def ready(self) -> bool:
@@ -234,7 +231,6 @@ class DraDriver:
         self._hcas = hcas
         self.rdma_cm = inventory.rdma_cm
         self._rebuild()
-        self.claims.rdma_cm = inventory.rdma_cm
         await self.board.set(self.offer.health())
 
     def _hook_status(self, api: SliceApi) -> None:
@@ -254,7 +250,7 @@ class DraDriver:
     def _rebuild(self) -> None:
         offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints,
                             self.rdma_cm)
-        self.claims.hcas = offer.hcas
+        self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
         # Replaced even when the slice stays as it is: the health verdict also follows
         # rdma_cm, which the slice does not show.
         changed, self.offer = offer.digest != self.offer.digest, offer

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
-from rdma_hca.daemon.offer.cdi import CdiDevice, make_spec
+from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import CharDevice, Hca
@@ -41,12 +41,12 @@ def cdi_id(driver: str, claim_uid: str, device: str) -> str:
 
 
 def _spec_prefix(driver: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{driver}-{CDI_CLASS}-")
+    return cdi_name(f"{driver}-{CDI_CLASS}-")
 
 
 def cdi_spec_path(spec_dir: str, driver: str, claim_uid: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{driver}-{CDI_CLASS}-{claim_uid}")
-    return os.path.join(spec_dir, safe + ".json")
+    # cdi_name cleans one character at a time: the prefix and the UID apart are the same.
+    return os.path.join(spec_dir, _spec_prefix(driver) + cdi_name(claim_uid) + ".json")
 
 
 def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
@@ -56,15 +56,15 @@ def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
 
 
 def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
-               rdma_cm: CharDevice | None, env_settings: EnvSettings,
+               rdma_cm: CharDevice | None, env: Sequence[str],
                mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
                ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated HCA (``hcas`` by device).
 
     Every device carries the claim's whole HCA list in its env, so a container gets one
-    consistent value; ``mounts`` (by device) are the device metadata files of its requests.
+    consistent value (``env``, from :func:`claim_env`); ``mounts`` (by device) are the
+    device metadata files of its requests.
     """
-    env = claim_env(list(hcas.values()), env_settings)
     devices = [
         CdiDevice(cdi_device_name(claim_uid, d.device), hcas[d.device].device_nodes(), env,
                   {f"{driver}/device": d.device, f"{driver}/pool": d.pool,

@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_hca.daemon.dra.checkpoint import PreparedClaim
-from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import attributes
-from rdma_hca.daemon.dra.files import claim_env
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
 from rdma_hca.settings.config import DeviceMetadata
@@ -232,16 +230,6 @@ def remove(plugin_dir: str, namespace: str, name: str, uid: str) -> None:
         return
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
-
-
-def plan_for(config: DriverConfig, uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
-             pod_claim: str | None) -> Plan:
-    """:func:`plan` with the driver's settings and the env the claim's CDI spec sets."""
-    if not versions(config.device_metadata):
-        return NOTHING
-    env = claim_env(list(hcas.values()), config.env)
-    return plan(config.device_metadata, config.driver_name, config.plugin_dir, uid, claim,
-                hcas, env, pod_claim)
 
 
 def written_pod_claim(plugin_dir: str, claim: PreparedClaim) -> str | None:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from rdma_hca.daemon.dra.devices import DEVICES_HASH_ANNOTATION, Offer
 from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import Backoff, Sleep, jittered
 
@@ -172,7 +173,7 @@ class SlicePublisher:
         self.published_digest: str | None = None
         self.writes = 0  # creates, updates and deletes made, for metrics and benchmarks
         self.reads = 0  # LISTs of this node's slices
-        self._said: set[str] = set()
+        self._said = Once()
 
     @property
     def _digest_key(self) -> str:
@@ -183,8 +184,7 @@ class SlicePublisher:
         return f"{self.driver}/{SLICE_INDEX_ANNOTATION}"
 
     def _say_once(self, reason: str, message: str, *args: object) -> None:
-        if reason not in self._said:
-            self._said.add(reason)
+        if self._said.first(reason):
             log.warning(message, *args)
 
     # --- one pass --------------------------------------------------------------------------

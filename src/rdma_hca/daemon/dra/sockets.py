@@ -25,6 +25,7 @@ from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.service import RegistrationService, add_registration_service
 from rdma_hca.kit.aio import cancel_all, wait_event
 from rdma_hca.kit.dirwatch import watch_dir
+from rdma_hca.kit.sayonce import Latch
 from rdma_hca.kit.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class KubeletSockets:
         self._reg: UnixServer | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._failing: str | None = None
+        self._failing = Latch()
 
     @property
     def endpoint(self) -> str:
@@ -146,7 +147,7 @@ class KubeletSockets:
             if not (dra_gone or reg_gone):
                 delay = 0.0
                 continue
-            if self._failing is None:
+            if self._failing.reason is None:
                 gone = [p for p, g in ((self.endpoint, dra_gone),
                                        (self.registration_socket, reg_gone)) if g]
                 log.info("socket %s removed or replaced (kubelet restart?); serving and "
@@ -158,13 +159,10 @@ class KubeletSockets:
                     await self._serve_dra()
                 await self._serve_registration()
             except (OSError, RuntimeError) as exc:
-                message = str(exc)
-                if message != self._failing:
-                    log.error("cannot re-create the DRA sockets: %s; retrying", message)
-                    self._failing = message
+                if self._failing.set(str(exc)):
+                    log.error("cannot re-create the DRA sockets: %s; retrying", exc)
                 delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
                 continue
-            if self._failing is not None:
+            if self._failing.clear():
                 log.info("the DRA sockets are served again")
-            self._failing = None
             delay = 0.0

@@ -28,7 +28,8 @@ CDI_VENDOR_CLASS = "rdma-hca.io/hca"
 
 
 def cdi_name(hca_name: str) -> str:
-    """The CDI device name of an HCA: CDI allows only letters, digits, '_', '.' and '-'."""
+    """``name`` as CDI allows names (of devices, of spec files): only letters, digits,
+    '_', '.' and '-'."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", hca_name)
 
 

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, Port
 from rdma_hca.node.roce import AddrFamily, family_gid
 from rdma_hca.settings.config import NcclEnv, Settings
@@ -138,18 +139,14 @@ def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
 
 
 # Notes already logged: a note repeats on every Allocate of the same HCAs.
-_SAID: set[str] = set()
-_SAID_MAX = 1024
+_SAID = Once(limit=1024)
 
 
 def container_env(hcas: Sequence[Hca], settings: EnvSettings) -> dict[str, str]:
     """:func:`build`, with each note logged once per process."""
     env = build(hcas, settings)
     for note in env.notes:
-        if note not in _SAID:
-            if len(_SAID) >= _SAID_MAX:
-                _SAID.clear()
-            _SAID.add(note)
+        if _SAID.first(note):
             log.warning("container env: %s", note)
     return env.as_dict()
 
