@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 
-from rdma_hca.kit.exitcodes import EXIT_INTERRUPTED
+from rdma_hca.kit.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
@@ -30,7 +30,7 @@ from rdma_hca.settings.config import ConfigError, Settings  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_TASK_DIED, EXIT_CONFIG = 0, 1, 2
+EXIT_TASK_DIED = 1  # a root task ended by itself: the DaemonSet restarts the pod
 # Reads of the machine parse on worker threads; with the interpreter's default of 5 ms a
 # busy worker keeps the event loop waiting up to that long for the GIL at every switch.
 SWITCH_INTERVAL = 0.001
@@ -102,11 +102,11 @@ def serve(settings: Settings) -> int:
             await daemon.run(stop, on_started=settle_heap)
         except BindError as exc:
             log.error("%s", exc)
-            return EXIT_CONFIG
+            return EXIT_USAGE
         except (ConfigError, DraConfigError) as exc:
             # Found only once the node is known (e.g. an HCA both DRA and a pool select).
             log.error("config error: %s", exc)
-            return EXIT_CONFIG
+            return EXIT_USAGE
         if daemon.failed:
             return EXIT_TASK_DIED
         return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else EXIT_OK

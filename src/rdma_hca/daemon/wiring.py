@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
-from rdma_hca.kit.sayonce import Latch
+from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
@@ -115,8 +115,8 @@ class Daemon:
         self._cdi_error = Latch()
         self._ipv6_ready = False
         self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
-        # (HCA, exclusive pool, other pool) already said: an HCA that came after start.
-        self._told_shared_exclusive: set[tuple[str, str, str]] = set()
+        # Overlaps of an HCA that came after start, already said.
+        self._told_shared_exclusive = Once()
         self._pools_checked = False
 
     @property
@@ -279,13 +279,15 @@ class Daemon:
             # DRA alone has no device-plugins directory to wait for.
             await self.lifecycle.start()
             self.supervisor.watch(self.lifecycle.tasks)
+        # The followers take it from the inventory start has handed them already.
+        seen = self.health.inventories.generation
         if self.dra is not None:
             await self.dra.start(inventory)
             self.supervisor.watch(self.dra.tasks)
-            self._tasks.append(self.supervisor.spawn("dra-follow",
-                                                     self.health.follow(self.dra.update)))
-        self._tasks.append(self.supervisor.spawn("node-findings",
-                                                 self.health.follow(self.judge_node)))
+            self._tasks.append(self.supervisor.spawn(
+                "dra-follow", self.health.follow(self.dra.update, seen)))
+        self._tasks.append(self.supervisor.spawn(
+            "node-findings", self.health.follow(self.judge_node, seen)))
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
@@ -298,31 +300,30 @@ class Daemon:
         """
         if not self._pools_checked:
             return  # start checks them first, and refuses the config instead
+        for name, exclusive, other in self._exclusive_overlaps(hcas):
+            if self._told_shared_exclusive.first(f"{name} {exclusive} {other}"):
+                log.error("the HCA %s is in the exclusive pool %s and in the pool %s: an "
+                          "exclusive pool gives each HCA to one pod only, so pods of both may "
+                          "share it; give the pools selectors that keep their HCAs apart (a "
+                          "restart refuses this config)", name, exclusive, other)
+
+    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> Iterator[tuple[str, str, str]]:
+        """(HCA, exclusive pool, other pool) for each HCA in an exclusive pool and another."""
         for name, a, b in pools_sharing(self.settings, hcas):
             pair = exclusive_first(a, b)
-            if pair is None:
-                continue
-            key = (name, pair[0].resource_name, pair[1].resource_name)
-            if key in self._told_shared_exclusive:
-                continue
-            self._told_shared_exclusive.add(key)
-            log.error("the HCA %s is in the exclusive pool %s and in the pool %s: an exclusive "
-                      "pool gives each HCA to one pod only, so pods of both may share it; give "
-                      "the pools selectors that keep their HCAs apart (a restart refuses this "
-                      "config)", name, pair[0].resource_name, pair[1].resource_name)
+            if pair is not None:
+                yield name, pair[0].resource_name, pair[1].resource_name
 
     def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
         """An HCA in an exclusive pool and another pool is a config error; shared pools
         may hold a same HCA (their pods then share it), said once here."""
+        for name, exclusive, other in self._exclusive_overlaps(hcas):
+            raise ConfigError(
+                "pools", name, f"the HCA {name} is in the exclusive pool {exclusive} and in "
+                f"the pool {other}: an exclusive pool gives each HCA to one pod only; give "
+                "the pools selectors that keep their HCAs apart")
         shared: dict[str, list[str]] = {}
         for name, a, b in pools_sharing(self.settings, hcas):
-            pair = exclusive_first(a, b)
-            if pair is not None:
-                raise ConfigError(
-                    "pools", name, f"the HCA {name} is in the exclusive pool "
-                    f"{pair[0].resource_name} and in the pool {pair[1].resource_name}: an "
-                    "exclusive pool gives each HCA to one pod only; give the pools selectors "
-                    "that keep their HCAs apart")
             for pool in (a, b):
                 holders = shared.setdefault(name, [])
                 if pool.resource_name not in holders:

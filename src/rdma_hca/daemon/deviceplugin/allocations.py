@@ -19,10 +19,9 @@ class AllocationStats:
             "rdma_hca_allocate_duration_seconds", "Time to answer Allocate", ["resource"],
             registry=None, buckets=BUCKETS)
         # Every series at 0 from the start: increase() over a series that appears with its
-        # first error sees nothing, so an alert would miss the first failures.
+        # first error sees nothing, so an alert would miss the first failures. (The counts
+        # of every pool start at 0 where /metrics renders them, from the status snapshot.)
         for resource in resources:
-            self.total[(resource, True)] = 0
-            self.total[(resource, False)] = 0
             self.latency.labels(resource)
 
     def observe(self, resource: str, seconds: float, ok: bool) -> None:

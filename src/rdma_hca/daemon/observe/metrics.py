@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from rdma_hca.daemon.observe.port_metrics import PortText
+from rdma_hca.daemon.observe.port_metrics import PortText, go_float
 from rdma_hca.daemon.observe.status import Status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -27,11 +27,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
     # prometheus_client appends _total itself.
     return CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
-
-
-def _le(bound: float) -> str:
-    # As prometheus_client writes its own buckets: 0.5, 1.0, 10.0.
-    return repr(float(bound))
 
 
 class StatusFamilies:
@@ -109,7 +104,7 @@ class StatusFamilies:
                 family.add_metric([result], results.get(result, 0))
             yield family
         h = s.dra.prepare_seconds
-        buckets = [(_le(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)]
+        buckets = [(go_float(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)]
         buckets.append(("+Inf", float(h.count)))
         yield HistogramMetricFamily("rdma_hca_dra_prepare_seconds",
                                     "Time to prepare one claim of a NodePrepareResources call",

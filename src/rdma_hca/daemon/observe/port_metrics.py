@@ -66,19 +66,19 @@ Counters = Mapping[tuple[str, int], Mapping[str, int]]
 Changes = Mapping[tuple[str, int], int]
 
 
-def escape_value(value: str) -> str:
+def escapego_float(value: str) -> str:
     """A label value as the text format wants it (backslash, newline, double quote)."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _value(value: float) -> str:
-    # The library's own formatting (Go's, which Prometheus parses), so values read the
-    # same as in the other families.
+def go_float(value: float) -> str:
+    """A float as prometheus_client writes values and bucket bounds (Go's formatting,
+    which Prometheus parses), so ours read the same as the library's families."""
     return str(floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
 def _count(value: int) -> str:
-    """``_value`` of a counter, without the float round trip where that is exact: counters
+    """``go_float`` of a counter, without the float round trip where that is exact: counters
     are most of the samples, and most of them small. Go's form all the same (exponent
     from a million on), as the library writes it."""
     if 0 <= value < 1_000_000:
@@ -87,7 +87,7 @@ def _count(value: int) -> str:
         digits = str(value)
         mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
         return f"{mantissa}e+{len(digits) - 1:02d}"
-    return _value(value)
+    return go_float(value)
 
 
 def _head(name: str, doc: str, kind: str) -> str:
@@ -101,17 +101,17 @@ INFO_DOC = ("1 for each port of an HCA, labelled with what joins it to other ser
 
 def _info_lines(h: Hca, hca: str) -> Iterator[str]:
     """One line per port and netdev (a port without a netdev: one, netdev empty)."""
-    fixed = (f'board_id="{escape_value(h.board_id or "")}",'
-             f'driver="{escape_value(h.driver or "")}",'
-             f'firmware_version="{escape_value(h.fw_ver or "")}",hca="{hca}",')
-    tail = (f'node_guid="{escape_value(h.node_guid or "")}",'
+    fixed = (f'board_id="{escapego_float(h.board_id or "")}",'
+             f'driver="{escapego_float(h.driver or "")}",'
+             f'firmware_version="{escapego_float(h.fw_ver or "")}",hca="{hca}",')
+    tail = (f'node_guid="{escapego_float(h.node_guid or "")}",'
             f'numa_node="{"" if h.numa_node is None else h.numa_node}",'
-            f'pci_address="{escape_value(h.pci_address or "")}",'
-            f'pcie_root="{escape_value(h.pcie_root or "")}",')
+            f'pci_address="{escapego_float(h.pci_address or "")}",'
+            f'pcie_root="{escapego_float(h.pcie_root or "")}",')
     for p in h.ports:
-        layer = escape_value(p.link_layer.value)
+        layer = escapego_float(p.link_layer.value)
         for netdev in p.netdevs or ("",):
-            yield (f'{INFO}{{{fixed}link_layer="{layer}",netdev="{escape_value(netdev)}",'
+            yield (f'{INFO}{{{fixed}link_layer="{layer}",netdev="{escapego_float(netdev)}",'
                    f'{tail}port="{p.number}"}} 1.0\n')
 
 
@@ -130,21 +130,21 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
     escaped: dict[str, str] = {}  # hw counter names repeat on every port: escaped once
     skip = len(HW_PREFIX)
     for h in hcas:
-        hca = escape_value(h.name)
+        hca = escapego_float(h.name)
         info.extend(_info_lines(h, hca))
         for p in h.ports:
             key = (h.name, p.number)
             # Labels in name order, as prometheus_client writes them.
             labels = f'hca="{hca}",port="{p.number}"'
             up.append(f'rdma_hca_port_up{{hca="{hca}",link_layer="'
-                      f'{escape_value(p.link_layer.value)}",port="{p.number}"}} '
+                      f'{escapego_float(p.link_layer.value)}",port="{p.number}"}} '
                       f'{"1.0" if p.is_up else "0.0"}\n')
             known = p.state if p.state in PORT_STATES else "UNKNOWN"
             state.extend(f'rdma_hca_port_state{{{labels},state="{st}"}} '
                          f'{"1.0" if known == st else "0.0"}\n' for st in PORT_STATES)
             if p.rate_gbps is not None:
                 rate.append(f"rdma_hca_port_rate_bytes_per_second{{{labels}}} "
-                            f"{_value(p.rate_gbps * BYTES_PER_GBIT)}\n")
+                            f"{go_float(p.rate_gbps * BYTES_PER_GBIT)}\n")
             changed.append(f"rdma_hca_port_state_changes_total{{{labels}}} "
                            f"{_count(changes.get(key, 0))}\n")
             values = counters.get(key)
@@ -158,7 +158,7 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
                         continue
                     label = escaped.get(name)
                     if label is None:
-                        label = escaped[name] = escape_value(name[skip:])
+                        label = escaped[name] = escapego_float(name[skip:])
                     hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_count(value)}\n')
     return "".join([*info, *up, *state, *rate, *changed,
                     *(line for lines in per_counter.values() for line in lines), *hw])

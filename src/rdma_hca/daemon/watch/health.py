@@ -122,13 +122,14 @@ class HealthWatcher:
     def inventory(self) -> NodeInventory | None:
         return self.inventories.value
 
-    async def follow(self, follower: Follower) -> None:
-        """Hand ``follower`` every new inventory, the newest one each time, until cancelled.
+    async def follow(self, follower: Follower, seen: int = 0) -> None:
+        """Hand ``follower`` every inventory newer than generation ``seen``, the newest one
+        each time, until cancelled.
 
         Run as a task of its own: while it works, newer inventories replace each other
         and it gets the newest one next; the watcher never waits for it.
         """
-        async for inventory in self.inventories.follow():
+        async for inventory in self.inventories.follow(seen):
             assert inventory is not None
             await follower(inventory)
 

@@ -24,8 +24,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +32,14 @@ import grpc
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
-from rdma_hca.devkit.dra.bench_api import API_SPECS, api_figures
-from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.dra.bench_api import API_SPECS, NODE, api_figures, tainted_is
+from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.settings.config import Settings
 
 DRIVER = "rdma-hca.io"
-NODE = "bench-node"
 DEFAULT_POLL = Settings().health_poll_seconds
 BARE = "bare grpc.aio servicer, same I/O"
 DRA_PREPARE = Spec("dra_prepare_p50_ms", "NodePrepareResources p50 (fresh claim)", "ms",
@@ -117,7 +114,7 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
     # after each answer, as on a node.
     unlimited = {"api_qps": BENCH_QPS, "api_burst": int(BENCH_QPS)}
     async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod",
-                        config=lambda c: replace(c, **unlimited)) as stage:  # type: ignore[arg-type]
+                        config=with_changes(**unlimited)) as stage:
         assert stage.kubelet is not None
         if not await stage.registered():
             return spec.failed("the driver did not register")
@@ -166,10 +163,6 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
              "with fsync and rename; in-process")
 
 
-def _tainted(stage: DraStage, device: str, wanted: bool) -> Callable[[], bool]:
-    return lambda: ("taints" in stage.devices().get(device, {})) == wanted
-
-
 async def port_down_latency(workdir: Path, runs: int) -> Figure:
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=16)
     async with DraStage(node, workdir / "stage", node_name=NODE,
@@ -187,11 +180,11 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
             await asyncio.sleep(spacing)
             start = time.perf_counter()
             node.set_port(hca, up=False)
-            if not await stage.until(_tainted(stage, device, True), timeout=10):
+            if not await stage.until(tainted_is(stage, device, True), timeout=10):
                 return DRA_PORT_DOWN.failed("the slice never changed")
             samples.append(time.perf_counter() - start)
             node.set_port(hca, up=True)
-            await stage.until(_tainted(stage, device, False), timeout=10)
+            await stage.until(tainted_is(stage, device, False), timeout=10)
     return DRA_PORT_DOWN.figure(
         round(max(samples) * 1000, 1),
         note=f"{runs} runs at the daemon's default health poll ({DEFAULT_POLL:g} s), each on a "

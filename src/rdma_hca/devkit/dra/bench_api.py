@@ -9,15 +9,13 @@ figures are counts, not timings. They are printed, never asserted.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.slices import DEFAULT_RESYNC
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
-from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.nodes import gpu_node
 
@@ -46,7 +44,8 @@ def _tainted(stage: DraStage, device: str) -> bool:
     return "taints" in stage.devices().get(device, {})
 
 
-def _is_tainted(stage: DraStage, device: str, wanted: bool) -> Callable[[], bool]:
+def tainted_is(stage: DraStage, device: str, wanted: bool) -> Callable[[], bool]:
+    """Whether ``device`` carries a taint in what the server holds is ``wanted``."""
     return lambda: _tainted(stage, device) == wanted
 
 
@@ -77,7 +76,7 @@ async def requests_per_write(workdir: Path, changes: int) -> Figure:
         for i in range(changes):
             down = i % 2 == 0
             node.set_port("mlx5_3", up=not down)
-            if not await s.until(_is_tainted(s, "mlx5-3", down), timeout=10):
+            if not await s.until(tainted_is(s, "mlx5-3", down), timeout=10):
                 return REQUESTS_PER_WRITE.failed("the slice never changed")
         sent = _driver_requests(s.api, mark)
         writes = _writes(sent)
@@ -94,11 +93,8 @@ async def idle_per_minute(workdir: Path, seconds: float) -> Figure:
     resync = 2.0
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=8)
 
-    def tune(config: DriverConfig) -> DriverConfig:
-        return dataclasses.replace(config, resync_seconds=resync)
-
     async with DraStage(node, workdir / "stage", node_name=NODE, kubelet_wipes=False,
-                        config=tune) as s:
+                        config=with_changes(resync_seconds=resync)) as s:
         if not await _ready(s):
             return IDLE_PER_MINUTE.failed("no slice was published")
         mark = len(s.api.requests)
