@@ -25,7 +25,6 @@ import logging
 import random
 import ssl
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -44,11 +43,6 @@ from rdma_hca.kube.policy import Backoff, ClientPolicy, Clock, Sleep, TokenBucke
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-MERGE_PATCH = "application/merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-JSON_PATCH = "application/json-patch+json"
-
 
 def _build_http(creds: Credentials, timeout: float) -> Any:
     import httpx2
@@ -101,8 +95,6 @@ class ApiClient:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.limiter = TokenBucket(self.policy.qps, self.policy.burst, clock=clock, sleep=sleep)
-        self.sent: Counter[str] = Counter()  # HTTP exchanges by method, retries included
-        self.retries = 0
 
     @classmethod
     async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
@@ -123,8 +115,7 @@ class ApiClient:
         return await self.request("GET", path, params=params)
 
     async def request(self, method: str, path: str, *, body: Any = None,
-                      params: Mapping[str, str] | None = None,
-                      content_type: str | None = None) -> dict[str, Any]:
+                      params: Mapping[str, str] | None = None) -> dict[str, Any]:
         """One API call with its retries; raises a :class:`KubeError` on failure."""
         deadline = self._clock() + self.policy.call_deadline
         backoff = Backoff(self.policy.backoff_first, self.policy.backoff_max, rng=self._rng)
@@ -133,7 +124,7 @@ class ApiClient:
             await self.limiter.take()
             # One exchange never outlives the call's deadline.
             limit = max(0.05, min(self.policy.timeout, deadline - self._clock()))
-            outcome, wait = await self._once(method, path, body, params, content_type, limit)
+            outcome, wait = await self._once(method, path, body, params, limit)
             if isinstance(outcome, dict):
                 return outcome
             error = outcome
@@ -143,13 +134,11 @@ class ApiClient:
             if self._clock() + wait > deadline:
                 raise error
             attempt += 1
-            self.retries += 1
             log.debug("%s; trying again in %.2f s", error, wait)
             await self._sleep(wait)
 
     async def _once(self, method: str, path: str, body: Any, params: Mapping[str, str] | None,
-                    content_type: str | None, limit: float
-                    ) -> tuple[dict[str, Any] | KubeError, float | None]:
+                    limit: float) -> tuple[dict[str, Any] | KubeError, float | None]:
         """The answer, or (error, None when not to retry / seconds to wait / 0: backoff)."""
         import httpx2
         from lightkube.core.exceptions import ConfigError as LightkubeConfigError
@@ -158,10 +147,9 @@ class ApiClient:
         content: bytes | None = None
         if body is not None:
             content = json.dumps(body).encode()
-            headers["Content-Type"] = content_type or "application/json"
+            headers["Content-Type"] = "application/json"
         url = self.server + path
         source = self.creds.source
-        self.sent[method] += 1
         try:
             resp = await asyncio.wait_for(
                 self._http.request(method, path, content=content, params=params,

@@ -56,7 +56,6 @@ class TokenBucket:
         self._sleep = sleep
         self._tokens = float(burst)
         self._at = clock()
-        self.waited = 0.0  # seconds callers spent waiting for a token, ever
         self.throttled = 0  # requests that had to wait
 
     def _refill(self) -> None:
@@ -74,7 +73,6 @@ class TokenBucket:
         wait = self.reserve()
         if wait > 0:
             self.throttled += 1
-            self.waited += wait
             await self._sleep(wait)
 
 

@@ -99,16 +99,25 @@ def kubelet_root_problem(path: str, what: str = "root") -> str | None:
     return None
 
 
+def mount_dir_problem(path: str, what: str) -> str | None:
+    """Why ``path`` cannot be the directory where ``what`` is mounted (missing, or not a
+    directory), or None."""
+    if not os.path.exists(path):
+        return f"{path} does not exist: give the directory where {what} is mounted"
+    if not os.path.isdir(path):
+        return f"{path} is not a directory: give the directory where {what} is mounted"
+    return None
+
+
 def root_problem(kind: str, path: str) -> str | None:
     """Why ``path`` cannot be the sysfs (``kind="sysfs"``) or /dev (``"dev"``) root, or None.
 
     A root without class/infiniband is fine (a node without RDMA); a missing one, a file,
     or the directory above the real root (``/`` instead of ``/sys``) is not.
     """
-    if not os.path.exists(path):
-        return f"{path} does not exist: give the directory where {kind} is mounted"
-    if not os.path.isdir(path):
-        return f"{path} is not a directory: give the directory where {kind} is mounted"
+    problem = mount_dir_problem(path, kind)
+    if problem is not None:
+        return problem
     sub, markers = ("sys", ("class",)) if kind == "sysfs" else ("dev", ("infiniband", "null"))
     inner = os.path.join(path, sub)
     if not any(os.path.exists(os.path.join(path, m)) for m in markers) and any(

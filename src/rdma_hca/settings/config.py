@@ -378,16 +378,11 @@ def _value(s: Setting, v: _Value, key: str) -> Any:
     return _str(v, key)
 
 
-def _typed(s: Setting, v: _Value, key: str) -> Any:
-    # Every kind, enums included, comes back typed from _value whatever the layer.
-    return _value(s, v, key)
-
-
 # --- pools -------------------------------------------------------------------------------
 
 
 def _pool(values: Mapping[str, _Value], prefix: str) -> PoolConfig:
-    kw = {BY_KEY[k].attr: _typed(BY_KEY[k], v, prefix + k) for k, v in values.items()}
+    kw = {BY_KEY[k].attr: _value(BY_KEY[k], v, prefix + k) for k, v in values.items()}
     return PoolConfig(**kw)
 
 
@@ -455,7 +450,7 @@ def _build(merged: Mapping[str, _Value], config_file: str | None,
     for s in SETTINGS:
         if s.key not in merged or s.scope is Scope.POOL or s.kind is Kind.POOLS:
             continue
-        value = _typed(s, merged[s.key], s.key)
+        value = _value(s, merged[s.key], s.key)
         group, _, attr = s.attr.rpartition(".")
         (grouped[group] if group else kw)[attr] = value
     device_plugin = kw.get("device_plugin_enabled", True)

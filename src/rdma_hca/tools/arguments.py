@@ -4,9 +4,10 @@ with the subcommand's usage, never a failed check with a misleading fix."""
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from rdma_hca.settings.checks import mount_dir_problem
 
 
 def http_url(text: str) -> str:
@@ -28,12 +29,9 @@ def mounted_dir(what: str) -> Callable[[str], str]:
     """The argument type of a directory ``what`` is mounted at (``procfs``: /proc)."""
 
     def existing_dir(text: str) -> str:
-        if not os.path.exists(text):
-            raise argparse.ArgumentTypeError(f"{text} does not exist: give the directory where "
-                                             f"{what} is mounted")
-        if not os.path.isdir(text):
-            raise argparse.ArgumentTypeError(f"{text} is not a directory: give the directory "
-                                             f"where {what} is mounted")
+        problem = mount_dir_problem(text, what)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
         return text
 
     return existing_dir

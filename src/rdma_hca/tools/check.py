@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
-from rdma_hca.node.model import Hca
+from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
 from rdma_hca.tools.arguments import mounted_dir
@@ -76,18 +76,20 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
         out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
     environ = os.environ if env is None else env
+    # One discovery for the HCA checks and the NCCL ones: a file that hangs costs the
+    # check one read deadline, not two.
+    discovery = Discovery(Path(args.sysfs_root), Path(args.dev_root), read_deadline(args))
     checks = run_checks(
         proc_root=Path(args.proc_root),
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         env=environ,
-        deadline=read_deadline(args),
+        discovery=discovery,
     )
     ok = all(c.ok for c in checks)
     advisory: list[str] = []
     if args.nccl:
-        findings = nccl_checks(Path(args.sysfs_root), Path(args.dev_root), environ,
-                               deadline=read_deadline(args))
+        findings = nccl_checks(Path(args.sysfs_root), environ, discovery)
         ok = ok and not any(f.fatal and not f.ok for f in findings)
         advisory = [f.name for f in findings if not f.ok and not f.fatal]
         checks.extend(Check(SUBJECT, f.name, f.ok, f.detail, f.fix) for f in findings)
@@ -102,11 +104,31 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     return EXIT_OK if ok else EXIT_FAIL
 
 
-def nccl_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
-                deadline: float = DEFAULT_DEADLINE) -> list[Finding]:
+class Discovery:
+    """The container's view of the node, discovered once (with its deadline) for every
+    check that asks; a failure is kept and raised again, as the first call saw it."""
+
+    def __init__(self, sysfs_root: Path, dev_root: Path, deadline: float) -> None:
+        self.sysfs_root, self.dev_root, self.deadline = sysfs_root, dev_root, deadline
+        self._result: NodeInventory | DiscoveryFailed | None = None
+
+    def __call__(self) -> NodeInventory:
+        if self._result is None:
+            try:
+                self._result = discover_bounded(self.sysfs_root, self.dev_root,
+                                                deadline=self.deadline)
+            except DiscoveryFailed as exc:
+                self._result = exc
+        if isinstance(self._result, DiscoveryFailed):
+            raise self._result
+        return self._result
+
+
+def nccl_checks(sysfs_root: Path, env: Mapping[str, str],
+                discovery: Discovery) -> list[Finding]:
     """The NCCL/UCX findings, from the same bounded discovery as the HCA checks."""
     try:
-        inv = discover_bounded(sysfs_root, dev_root, deadline=deadline)
+        inv = discovery()
     except DiscoveryFailed as exc:
         return [Finding("NCCL HCA discovery", False, str(exc),
                         "raise the container's limits and run the check again", fatal=True)]
@@ -115,11 +137,11 @@ def nccl_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
 
 def run_checks(
     *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str],
-    deadline: float = DEFAULT_DEADLINE,
+    deadline: float = DEFAULT_DEADLINE, discovery: Discovery | None = None,
 ) -> list[Check]:
     """Every check, in the order a user should fix them."""
     checks = device_node_checks(dev_root)
-    checks.extend(hca_checks(sysfs_root, dev_root, env, deadline=deadline))
+    checks.extend(hca_checks(env, discovery or Discovery(sysfs_root, dev_root, deadline)))
     ipc_lock = ipc_lock_check(proc_root)
     checks.append(memlock_check(proc_root, ipc_lock=ipc_lock.ok))
     checks.append(ipc_lock)
@@ -179,8 +201,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
-               deadline: float = DEFAULT_DEADLINE) -> list[Check]:
+def hca_checks(env: Mapping[str, str], discovery: Discovery) -> list[Check]:
     """Every HCA the plugin named must be visible here, have a port up and its device node."""
     raw = env.get(ENV_DEVICES)
     if raw is None:
@@ -194,16 +215,17 @@ def hca_checks(sysfs_root: Path, dev_root: Path, env: Mapping[str, str], *,
                       "rdma-hca doctor --node, then recreate this pod")]
     # The daemon's own discovery, so "visible" means what the plugin would also see.
     try:
-        inv = discover_bounded(sysfs_root, dev_root, deadline=deadline)
+        inv = discovery()
     except DiscoveryFailed as exc:
         return [Check(SUBJECT, "HCA discovery", False, str(exc),
                       "the container is out of file descriptors or memory: raise its limits "
                       "and run the check again")]
     found = {h.name: h for h in inv.hcas}
-    checks = [_hca_check(found.get(name), name, sysfs_root) for name in names]
+    checks = [_hca_check(found.get(name), name, discovery.sysfs_root) for name in names]
     if inv.stalled:
         checks.append(Check(SUBJECT, "sysfs reads", False,
-                            f"{len(inv.stalled)} file(s) did not answer within {deadline:g} s: "
+                            f"{len(inv.stalled)} file(s) did not answer within "
+                            f"{discovery.deadline:g} s: "
                             + ", ".join(inv.stalled),
                             "the HCA driver is stuck (often on its firmware): the HCAs these "
                             "files belong to count as down; check the node with rdma-hca "
