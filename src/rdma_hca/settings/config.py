@@ -45,6 +45,7 @@ from rdma_hca.settings.decl import (
     docs_table,
     file_groups,
     flag_values,
+    flags_in,
     known_env,
     top_file_keys,
     with_docs_table,
@@ -114,6 +115,8 @@ __all__ = [
     "env_warnings",
     "exclusive_first",
     "flag_values",
+    "flags_in",
+    "given_value",
     "kubelet_root_problem",
     "load_settings",
     "overlapping_hcas",
@@ -183,10 +186,9 @@ def load_settings(
         else:
             merged[name] = _Value(value, file_src, "file")
     for s in SETTINGS:
-        for var in s.env:
-            if var in env:
-                merged[s.key] = _Value(env[var], f"environment variable {var}", "env")
-                break
+        from_env = _env_value(s, env)
+        if from_env is not None:
+            merged[s.key] = from_env
     for key, value in flags.items():
         declared = BY_KEY.get(key)
         if declared is None or declared.flag is None:
@@ -196,6 +198,26 @@ def load_settings(
     settings = _build(merged, config_file, warnings)
     _check_static_overlap(settings, merged)
     return settings
+
+
+def _env_value(s: Setting, env: Mapping[str, str]) -> _Value | None:
+    """The variable of ``s`` that ``env`` sets (the first declared wins), as text."""
+    for var in s.env:
+        if var in env:
+            return _Value(env[var], f"environment variable {var}", "env")
+    return None
+
+
+def given_value(key: str, env: Mapping[str, str], flags: Mapping[str, object]) -> Any:
+    """One setting as ``load_settings`` reads it from its flag (first) or its variable, or
+    None when neither is given; a value ``serve`` refuses raises the same ConfigError.
+
+    For a caller that sees only these layers of a daemon, e.g. doctor reading a pod's spec.
+    """
+    s = BY_KEY[key]
+    flag = flags.get(key)
+    v = _Value(flag, _flag_source(s)) if flag is not None else _env_value(s, env)
+    return None if v is None else _value(s, v, key)
 
 
 def _unknown_key(name: str, allowed: Sequence[str]) -> str:
