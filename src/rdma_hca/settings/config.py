@@ -22,12 +22,15 @@ from typing import Any
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.kit.text import closest
 from rdma_hca.settings.checks import (
+    ROOT_KEYS,
+    check_roots,
     exclusive_first,
     kubelet_root_problem,
     overlapping_hcas,
     pools_sharing,
     root_problem,
     selected_hcas,
+    setting_source,
     surely_shared,
 )
 from rdma_hca.settings.decl import (
@@ -93,6 +96,7 @@ __all__ = [
     "ENV_PREFIX",
     "MAX_FILE_BYTES",
     "OTHER_ENV",
+    "ROOT_KEYS",
     "SETTINGS",
     "CdiConfig",
     "ConfigError",
@@ -111,6 +115,7 @@ __all__ = [
     "Settings",
     "UnhealthyWhen",
     "add_flags",
+    "check_roots",
     "docs_table",
     "env_warnings",
     "exclusive_first",
@@ -124,6 +129,7 @@ __all__ = [
     "read_config_file",
     "root_problem",
     "selected_hcas",
+    "setting_source",
     "validate_resource_name",
     "with_docs_table",
 ]
@@ -485,6 +491,7 @@ def _build(merged: Mapping[str, _Value], config_file: str | None,
     kw["dra"] = DraConfig(**grouped["dra"])
     kw["http"] = HttpConfig(**grouped["http"])
     kw["warnings"] = tuple(warnings)
+    kw["sources"] = {key: v.source for key, v in merged.items()}
     settings = Settings(**kw)
     if not settings.device_plugin_enabled and not settings.dra.enabled:
         v = merged["devicePlugin.enabled"]
