@@ -33,6 +33,16 @@ def refusal(tmp_path: Path, accepts: CredentialSearch, kubeconfig: str | None = 
     return text
 
 
+def broken_kubeconfig(tmp_path: Path, broken: str) -> str:
+    """A kubeconfig path that is missing, not YAML, or without a current-context."""
+    path = tmp_path / "kubeconfig"
+    if broken == "yaml":
+        path.write_text("clusters: [unclosed\n")
+    elif broken == "no-context":
+        path.write_text(yaml.safe_dump({"clusters": []}))
+    return str(path)
+
+
 def test_nothing_found_names_what_serve_accepts_in_its_order(tmp_path: Path) -> None:
     text = refusal(tmp_path, SERVE_CREDENTIALS)
     assert text == (
@@ -57,12 +67,7 @@ def test_nothing_found_names_doctors_flags_in_kubectls_order(tmp_path: Path) -> 
 @pytest.mark.parametrize("broken", ["missing", "yaml", "no-context", "nothing"])
 def test_a_command_without_flags_is_never_told_to_pass_one(
         tmp_path: Path, accepts: CredentialSearch, broken: str) -> None:
-    path = tmp_path / "kubeconfig"
-    if broken == "yaml":
-        path.write_text("clusters: [unclosed\n")
-    elif broken == "no-context":
-        path.write_text(yaml.safe_dump({"clusters": []}))
-    given = None if broken == "nothing" else str(path)
+    given = None if broken == "nothing" else broken_kubeconfig(tmp_path, broken)
     text = refusal(tmp_path, accepts, given)
     assert not any(flag in text for flag in FLAGS), text
 
@@ -73,12 +78,8 @@ def test_a_command_without_flags_is_never_told_to_pass_one(
     ("missing", "pass an existing file to --kubeconfig"),
 ])
 def test_doctor_is_told_its_flags(tmp_path: Path, broken: str, hint: str) -> None:
-    path = tmp_path / "kubeconfig"
-    if broken == "yaml":
-        path.write_text("clusters: [unclosed\n")
-    elif broken == "no-context":
-        path.write_text(yaml.safe_dump({"clusters": []}))
-    assert refusal(tmp_path, DOCTOR_CREDENTIALS, str(path)).endswith(hint)
+    assert refusal(tmp_path, DOCTOR_CREDENTIALS, broken_kubeconfig(tmp_path, broken)).endswith(
+        hint)
 
 
 def test_serve_takes_the_service_account_before_kubeconfig(tmp_path: Path) -> None:
