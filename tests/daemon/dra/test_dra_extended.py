@@ -22,11 +22,11 @@ from rdma_hca.daemon.dra.slices import split
 from rdma_hca.daemon.offer.cdi import build_spec
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.extended import extended_claim, request_name
-from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig
+from rdma_hca.settings.config import DeviceMetadata, Mode, NcclEnv, PoolConfig
 
 EXTENDED_CLASS = f"{DRIVER}-extended"
 HOST = EnvSettings(nccl=NcclEnv.AUTO)
@@ -238,3 +238,25 @@ def test_the_fake_api_server_checks_the_request_policy(api: FakeApiServer) -> No
     for device, message in refused:
         with pytest.raises(ValueError, match=message):
             api.put("resourceslices", slice_with(device))
+
+
+async def test_device_metadata_of_the_node_wide_device(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    tune = with_changes(device_metadata=DeviceMetadata.V1ALPHA1)
+    async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
+        assert await s.registered() and await s.until(lambda: NODE_DEVICE in s.devices())
+        uid, entry = await _prepare_extended(s, "job-e")
+        assert entry.error == ""
+        (device,) = _spec(s, uid)["devices"]
+        ((host, inside),) = [(m["hostPath"], m["containerPath"])
+                             for m in device["containerEdits"]["mounts"]]
+        assert inside.endswith(f"/{request_name(0)}/{DRIVER}-metadata.json")
+        doc = json.loads(Path(host).read_text())  # one version: one object
+        (listed,) = doc["requests"][0]["devices"]
+        attrs = listed["attributes"]
+        # What the slice publishes of it, and the env naming every HCA.
+        published = s.devices()[NODE_DEVICE]["attributes"]
+        assert set(attrs) == set(published) | {f"{DRIVER}/containerEnv"}
+        assert {k: v for k, v in attrs.items() if k in published} == published
+        assert "RDMA_HCA_DEVICES=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_bond_0" in \
+            attrs[f"{DRIVER}/containerEnv"]["strings"]
