@@ -219,6 +219,7 @@ class DraDriver:
         offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints,
                             self.rdma_cm)
         self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
+        self.claims.groups = offer.groups
         # Replaced even when the slice stays as it is: the health verdict also follows
         # rdma_cm, which the slice does not show.
         changed, self.offer = offer.digest != self.offer.digest, offer
