@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from rdma_hca.daemon.dra import files, metadata
@@ -31,12 +31,15 @@ from rdma_hca.daemon.dra.checkpoint import (
     Claims,
     PreparedClaim,
     PreparedDevice,
+    Share,
 )
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.devices import BANDWIDTH
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import CharDevice, Hca
@@ -77,6 +80,8 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None = None
+    # consumedCapacity: what this share takes of the device's capacities, by name.
+    consumed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +129,29 @@ def parse_claim(obj: object) -> Claim:
         if not isinstance(r, Mapping):
             continue
         share = r.get("shareID")
+        consumed = r.get("consumedCapacity")
         devices.append(AllocatedDevice(
             str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")),
-            str(r.get("device", "")), str(share) if share else None))
+            str(r.get("device", "")), str(share) if share else None,
+            {str(k): str(v) for k, v in consumed.items()}
+            if isinstance(consumed, Mapping) else {}))
     return Claim(namespace, name, uid, tuple(devices), obj)
+
+
+def _bandwidth(r: AllocatedDevice, driver: str) -> int:
+    """Bits per second of the device's bandwidth the share consumed (0: none asked)."""
+    text = r.consumed.get(f"{driver}/{BANDWIDTH}")
+    if text is None:
+        return 0
+    try:
+        bits = int(parse_quantity(text))  # whole bits, rounded up as the API's Value()
+    except QuantityError as exc:
+        raise ClaimError(f"the allocation of device {r.device} consumed {text!r} of "
+                         f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}") from exc
+    if bits < 0:
+        raise ClaimError(f"the allocation of device {r.device} consumed a negative "
+                         f"{driver}/{BANDWIDTH} ({text})")
+    return bits
 
 
 def _claim_field(ref: ClaimRef) -> str:
@@ -421,16 +445,27 @@ class ClaimKeeper:
             raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
                              f"driver {driver} allocated")
         hcas: dict[str, Hca] = {}
-        devices: list[PreparedDevice] = []
+        devices: dict[str, PreparedDevice] = {}
         for r in ours:
             if r.pool != pool:
                 raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
                                  f"from this node's pool {pool}")
             hca = self._hca(r.device, None)
             hcas[r.device] = hca
-            devices.append(PreparedDevice((r.request,), pool, r.device, hca.name,
-                                          (files.cdi_id(driver, claim.uid, r.device),)))
-        return PreparedClaim(claim.namespace, claim.name, tuple(devices)), hcas
+            shares = (Share(r.share_id, _bandwidth(r, driver)),) if r.share_id else ()
+            known = devices.get(r.device)
+            if known is None:
+                devices[r.device] = PreparedDevice(
+                    (r.request,), pool, r.device, hca.name,
+                    (files.cdi_id(driver, claim.uid, r.device),), shares)
+            else:
+                # Two requests got one device (two shares of it): one CDI device for both,
+                # holding what both consumed.
+                devices[r.device] = replace(
+                    known, request_names=tuple(dict.fromkeys((*known.request_names,
+                                                              r.request))),
+                    shares=known.shares + shares)
+        return PreparedClaim(claim.namespace, claim.name, tuple(devices.values())), hcas
 
     def _hca(self, device: str, hca_name: str | None) -> Hca:
         hca = self.hcas.get(device)
@@ -464,7 +499,7 @@ class ClaimKeeper:
                   pod_claim: str | None) -> tuple[metadata.Plan, dict[str, Any]]:
         """A claim's device metadata files and its CDI spec, from one env (the spec's
         devices set it, and the metadata files repeat it)."""
-        env = files.claim_env(list(hcas.values()), self.config.env)
+        env = files.claim_env(list(hcas.values()), self.config.env, claim)
         meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
                              self.config.plugin_dir, uid, claim, hcas, env, pod_claim)
         spec = files.claim_spec(self.config.driver_name, uid, claim, hcas, self.rdma_cm, env,

@@ -3,6 +3,14 @@
 Attribute names without a domain are the driver's own; the ``resource.kubernetes.io``
 ones are the standard attributes GPU drivers publish too, which is what lets one claim
 put a GPU and an HCA under the same PCIe root.
+
+A shared device also publishes its bandwidth as a consumable capacity
+(``<driver>/bandwidth``, DRAConsumableCapacity): the scheduler then hands each claim the
+share it asks for and never more than the port's rate in total. The policy's default is
+0, so a claim that asks for no bandwidth consumes none and fits as before; the step is
+1G: link rates are whole Gb/s (10G to 800G, SDR's 2.5G aside), and a finer step would
+only let claims ask for precision no RDMA traffic keeps to, a coarser one (25G) would
+round small asks up into waste.
 """
 
 from __future__ import annotations
@@ -12,9 +20,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from rdma_hca.daemon.offer.health import hca_healthy
+from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.config import Mode
 
@@ -22,6 +32,8 @@ STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name
 DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
+BANDWIDTH = "bandwidth"  # the capacity, qualified with the driver name
+BANDWIDTH_STEP = 10**9  # bits per second: 1G
 
 
 def device_names(names: Iterable[str]) -> dict[str, str]:
@@ -61,6 +73,33 @@ def _rate_gbps(hca: Hca) -> int | None:
     return int(max(rates)) if rates else None
 
 
+def bandwidth_bps(hca: Hca) -> int | None:
+    """The HCA's rate in bits per second, as ``rateGbps`` says it (its fastest port; a
+    bond's one port reports the bond's rate); None when no port says a rate, or one
+    below a step (the API wants room for one step in a capacity)."""
+    rates = [p.rate_gbps for p in hca.ports if p.rate_gbps is not None]
+    if not rates:
+        return None
+    bits = round(Fraction(str(max(rates))) * 10**9)
+    return bits if bits >= BANDWIDTH_STEP else None
+
+
+def quantity_text(value: int) -> str:
+    """A whole number as the API server prints it: 400000000000 is ``400G``."""
+    return format_quantity(Quantity(Fraction(value), QuantityFormat.DECIMAL_SI))
+
+
+def capacity(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
+    """The device's consumable capacities: its bandwidth, when its rate is known."""
+    bits = bandwidth_bps(hca)
+    if bits is None:
+        return {}
+    return {f"{driver}/{BANDWIDTH}": {
+        "value": quantity_text(bits),
+        "requestPolicy": {"default": "0",
+                          "validRange": {"min": "0", "step": quantity_text(BANDWIDTH_STEP)}}}}
+
+
 def _link_layer(hca: Hca) -> str | None:
     layers = sorted({p.link_layer.value for p in hca.ports})
     return ",".join(layers) if layers else None
@@ -94,6 +133,10 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[s
     entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
+        # Exclusive devices publish none: a request policy needs allowMultipleAllocations,
+        # and a claim holding the whole HCA has nothing to share.
+        if cap := capacity(hca, driver):
+            entry["capacity"] = cap
     # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
     # node's, not the device's, and shows in the health stream instead.
     if taints and not (hca.usable and hca.any_port_up):
@@ -118,6 +161,13 @@ class Offer:
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
         devices = [device(h, n, driver, mode, taints) for n, h in by_device.items()]
         return cls(by_device, devices, digest(devices), rdma_cm)
+
+    def bandwidth(self) -> dict[str, int]:
+        """Each HCA's published bandwidth (by HCA name), bits per second; 0 where its
+        device publishes none (exclusive mode, or no rate known)."""
+        published = {d["name"] for d in self.devices if d.get("capacity")}
+        return {h.name: (bandwidth_bps(h) or 0) if n in published else 0
+                for n, h in self.hcas.items()}
 
     def health(self) -> dict[str, bool]:
         """Each device's health as the device plugin judges its HCA (``offer.health``)."""

@@ -12,6 +12,13 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
 - a qualified attribute name: a C identifier of at most ``DeviceMaxIDLength = 32``, after an
   optional DNS subdomain of at most ``DeviceMaxDomainLength = 63`` and a slash;
 - ``DeviceAttributeMaxValueLength = 64`` for a string attribute;
+- a capacity (DRAConsumableCapacity) has a quantity ``value``; a ``requestPolicy`` only on
+  a device with ``allowMultipleAllocations`` (validateSingleAllocatableDeviceCapacity),
+  with ``validValues`` (at most ``CapacityRequestPolicyDiscreteMaxOptions = 10``,
+  ascending, none above the value, holding the default) or ``validRange`` (a ``min`` at
+  most the value and the default, a ``max`` between min and the value and at least the
+  default, a ``step`` with min + step at most the value, default and max whole steps
+  from min), never both, and a ``default`` with either (validateRequestPolicy*);
 - spec.driver, spec.nodeName and spec.pool.name are immutable (ValidateResourceSliceUpdate);
 - a claim's status.devices entry names an allocated device (driver, pool, device, shareID)
   once; at most ``AllocatedDeviceStatusMaxConditions = 8`` conditions;
@@ -24,6 +31,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Any
+
+from rdma_hca.kit.quantity import Quantity, QuantityError, format_quantity, parse_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
@@ -39,6 +48,7 @@ MAX_CONDITIONS = 8
 MAX_IPS = 16
 MAX_INTERFACE_NAME = 256
 MAX_HARDWARE_ADDRESS = 128
+MAX_VALID_VALUES = 10
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -102,8 +112,10 @@ def _check_device(d: Any, i: int) -> None:
         if isinstance(text, str) and len(text) > MAX_STRING_VALUE:
             raise Invalid(f"{where}.attributes[{key}].string: Too long: may not be more "
                           f"than {MAX_STRING_VALUE} bytes")
-    for key in capacity:
+    shared = d.get("allowMultipleAllocations") is True
+    for key, value in capacity.items():
         _check_attribute_name(key, f"{where}.capacity[{key}]")
+        _check_capacity(value, shared, f"{where}.capacity[{key}]")
     taints = d.get("taints") or []
     if len(taints) > MAX_TAINTS:
         raise Invalid(f"{where}.taints: Too many: {len(taints)}: must have at most "
@@ -111,6 +123,111 @@ def _check_device(d: Any, i: int) -> None:
     for j, t in enumerate(taints):
         if t.get("effect") not in ("NoSchedule", "NoExecute", "None"):
             raise Invalid(f"{where}.taints[{j}].effect: Unsupported value: {t.get('effect')!r}")
+
+
+def _quantity(value: object, where: str) -> Quantity:
+    try:
+        if not isinstance(value, str):
+            raise QuantityError(f"{value!r} is not a quantity string")
+        return parse_quantity(value)
+    except QuantityError as exc:
+        raise Invalid(f"{where}: Invalid value: {value!r}: quantities must match the regular "
+                      f"expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' ({exc})"
+                      ) from exc
+
+
+def _check_capacity(cap: Any, shared: bool, where: str) -> None:
+    if not isinstance(cap, dict) or "value" not in cap:
+        raise Invalid(f"{where}.value: Required value")
+    value = _quantity(cap["value"], f"{where}.value")
+    policy = cap.get("requestPolicy")
+    if policy is None:
+        return
+    where = f"{where}.requestPolicy"
+    if not shared:
+        raise Invalid(f"{where}: Forbidden: allowMultipleAllocations must be true")
+    if not isinstance(policy, dict):
+        raise Invalid(f"{where}: Invalid value: a request policy object is required")
+    values, bounds = policy.get("validValues") or [], policy.get("validRange")
+    if values and bounds is not None:
+        raise Invalid(f'{where}: Forbidden: exactly one policy can be specified, cannot '
+                      f'specify "validValues" and "validRange" at the same time')
+    if not values and bounds is None:
+        if "default" in policy:
+            _quantity(policy["default"], f"{where}.default")
+        return
+    if policy.get("default") is None:
+        raise Invalid(f"{where}.default: Required value: required when "
+                      f"{'validValues' if values else 'validRange'} is defined")
+    default = _quantity(policy["default"], f"{where}.default")
+    if values:
+        _check_valid_values(values, default, value, f"{where}.validValues")
+    else:
+        _check_valid_range(bounds, default, value, f"{where}.validRange")
+
+
+def _check_valid_values(raw: Any, default: Quantity, value: Quantity, where: str) -> None:
+    if not isinstance(raw, list):
+        raise Invalid(f"{where}: Invalid value: a list of quantities is required")
+    if len(raw) > MAX_VALID_VALUES:
+        raise Invalid(f"{where}: Too many: {len(raw)}: must have at most {MAX_VALID_VALUES} "
+                      "items")
+    options = [_quantity(v, f"{where}[{i}]") for i, v in enumerate(raw)]
+    for i in range(1, len(options)):
+        if options[i - 1].value > options[i].value:
+            raise Invalid(f"{where}[{i}]: Invalid value: {format_quantity(options[i])!r}: "
+                          "values must be sorted in ascending order")
+    seen: set[int] = set()
+    for i, option in enumerate(options):
+        if option.value > value.value:
+            raise Invalid(f"{where}[{i}]: Invalid value: {format_quantity(option)!r}: option "
+                          f"is larger than capacity value: {format_quantity(value)}")
+        if int(option) in seen:  # upstream keys the set by Value()
+            raise Invalid(f"{where}[{i}]: Duplicate value: {format_quantity(option)!r}")
+        seen.add(int(option))
+    if not any(o.value == default.value for o in options):
+        raise Invalid(f"{where}: Invalid value: {format_quantity(default)!r}: default value "
+                      "is not valid according to the requestPolicy")
+
+
+def _check_valid_range(raw: Any, default: Quantity, value: Quantity, where: str) -> None:
+    if not isinstance(raw, dict) or raw.get("min") is None:
+        raise Invalid(f"{where}.min: Required value: required when validRange is defined")
+    low = _quantity(raw["min"], f"{where}.min")
+    text = format_quantity
+    if low.value > value.value:
+        raise Invalid(f"{where}.min: Invalid value: {text(low)!r}: min is larger than "
+                      f"capacity value: {text(value)}")
+    if default.value < low.value:
+        raise Invalid(f"{where}.min: Invalid value: {text(default)!r}: default is less than "
+                      f"min: {text(low)}")
+    high = None if raw.get("max") is None else _quantity(raw["max"], f"{where}.max")
+    if high is not None:
+        if low.value > high.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(low)!r}: min is larger than "
+                          f"max: {text(high)}")
+        if high.value > value.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(high)!r}: max is larger than "
+                          f"capacity value: {text(value)}")
+        if default.value > high.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(default)!r}: default is more "
+                          f"than max: {text(high)}")
+    if raw.get("step") is None:
+        return
+    step = _quantity(raw["step"], f"{where}.step")
+    if step.value <= 0:
+        # Upstream divides by the step: a zero step would not get this far there.
+        raise Invalid(f"{where}.step: Invalid value: {text(step)!r}: must be greater than "
+                      "zero")
+    if low.value + step.value > value.value:
+        raise Invalid(f"{where}.step: Invalid value: {text(step)!r}: one step "
+                      f"{text(Quantity(low.value + step.value, low.format))} is larger than "
+                      f"capacity value: {text(value)}")
+    # Whole units, as upstream's Value() compares them.
+    for checked in (default, *(() if high is None else (high,))):
+        if (int(checked) - int(low)) % int(step):
+            raise Invalid(f"{where}.step: Invalid value: {text(checked)!r}: value is not a "
+                          f"multiple of a given step ({text(step)}) from ({text(low)})")
 
 
 def check_slice(obj: dict[str, Any], *, taints_allowed: bool) -> None:
