@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CHECKPOINT_VERSION = 2
+CHECKPOINT_FILE = "checkpoint.json"  # in <kubelet root>/plugins/<driver name>/
 
 
 @dataclass(frozen=True, slots=True)

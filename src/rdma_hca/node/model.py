@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 
 
 class LinkLayer(StrEnum):
@@ -110,6 +111,14 @@ class Hca:
     @property
     def any_port_up(self) -> bool:
         return any(p.is_up for p in self.ports)
+
+    @property
+    def rate_bps(self) -> int | None:
+        """Its fastest port's rate in bits per second (a bond's one port reports the
+        bond's); None when no port says one."""
+        rates = [p.rate_gbps for p in self.ports if p.rate_gbps is not None]
+        # Through the decimal text: 2.5 Gb/s is 2500000000 b/s, not a float's neighbour.
+        return round(Fraction(str(max(rates))) * 10**9) if rates else None
 
     def device_nodes(self) -> tuple[CharDevice, ...]:
         """The device nodes a container needs for this HCA: uverbs, and umad on IB ports."""

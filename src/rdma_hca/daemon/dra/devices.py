@@ -77,11 +77,8 @@ def bandwidth_bps(hca: Hca) -> int | None:
     """The HCA's rate in bits per second, as ``rateGbps`` says it (its fastest port; a
     bond's one port reports the bond's rate); None when no port says a rate, or one
     below a step (the API wants room for one step in a capacity)."""
-    rates = [p.rate_gbps for p in hca.ports if p.rate_gbps is not None]
-    if not rates:
-        return None
-    bits = round(Fraction(str(max(rates))) * 10**9)
-    return bits if bits >= BANDWIDTH_STEP else None
+    bits = hca.rate_bps
+    return bits if bits is not None and bits >= BANDWIDTH_STEP else None
 
 
 def quantity_text(value: int) -> str:

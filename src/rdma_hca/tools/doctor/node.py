@@ -31,6 +31,15 @@ from rdma_hca.settings.config import ConfigError, load_settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.shares import (
+    Shares,
+    checkpoint_path,
+    read_shares,
+    shares_check,
+    shares_json,
+    shares_rows,
+)
+from rdma_hca.tools.doctor.slices import DEFAULT_DRIVER
 from rdma_hca.tools.report import clean_json, printable_lines
 
 SUBJECT = "node"
@@ -49,6 +58,7 @@ class NodeOptions:
     non_host_network: bool
     readyz_timeout: float = READYZ_TIMEOUT
     read_deadline: float = DEFAULT_DEADLINE
+    dra_checkpoint: Path | None = None  # the DRA driver's: who holds how much of each HCA
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,7 @@ class NodeReport:
     inventory: NodeInventory
     options: NodeOptions
     checks: tuple[Check, ...]
+    shares: Shares | None = None
 
     @property
     def ok(self) -> bool:
@@ -75,6 +86,8 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
         readyz_url=args.readyz_url,
         non_host_network=non_host_network,
         read_deadline=read_deadline(args),
+        dra_checkpoint=checkpoint_path(args.plugins_dir,
+                                       getattr(args, "dra_driver", None) or DEFAULT_DRIVER),
     )
     try:
         report = diagnose(options)
@@ -126,7 +139,14 @@ def diagnose(options: NodeOptions) -> NodeReport:
     checks.append(_kubelet_socket_check(options.kubelet_dir))
     checks.append(_plugin_socket_check(options.kubelet_dir))
     checks.append(_registered_check(options.readyz_url, options.readyz_timeout))
-    return NodeReport(inv, options, tuple(checks))
+    shares = None
+    if options.dra_checkpoint is not None:
+        shares, problem = read_shares(options.dra_checkpoint, inv.hcas, options.read_deadline)
+        if problem is not None:
+            checks.append(problem)
+        elif shares is not None:
+            checks.append(shares_check(shares))
+    return NodeReport(inv, options, tuple(checks), shares)
 
 
 # -------------------------------------------------------------------------------- HCAs
@@ -318,6 +338,9 @@ def report_text(report: NodeReport) -> str:
     if rows:
         parts.append(table(["HCA", "PORT", "LINK", "STATE", "LAYER", "RATE", "NETDEV",
                             "DEVICE NODES", "NUMA", "PCIE ROOT"], rows))
+    if report.shares is not None:
+        parts.append(table(["HCA", "BANDWIDTH HELD", "OF", "CLAIMS", "HELD BY"],
+                           shares_rows(report.shares)))
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
@@ -351,6 +374,7 @@ def report_json(report: NodeReport) -> dict[str, Any]:
         ],
         "stalled": list(inv.stalled),
         "warnings": list(inv.warnings),
+        "draShares": None if report.shares is None else shares_json(report.shares),
         "checks": checks_json(report.checks),
         "error": None,
     }
