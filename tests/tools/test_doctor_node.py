@@ -314,10 +314,10 @@ def test_non_utf8_names_do_not_crash_the_doctor(host: Host, tmp_path: Path) -> N
     assert doc["hcas"][0]["ports"][0]["netdevs"] == ["eth\\xfe1"]
 
 
-def _checkpoint(plugins: Path, claims: dict[str, Any]) -> Path:
+def _checkpoint(plugins: Path, claims: dict[str, Any], driver: str = "rdma-hca.io") -> Path:
     from rdma_hca.kit.dra_checkpoint import encode
 
-    path = plugins / "rdma-hca.io" / "checkpoint.json"
+    path = plugins / driver / "checkpoint.json"
     path.parent.mkdir(parents=True)
     path.write_text(encode(claims))
     return path
@@ -372,3 +372,16 @@ def test_no_checkpoint_says_nothing_and_a_bad_one_fails(
     over = _checkpoint(tmp_path / "q", {"u": _claim("ns", "c", "mlx5_1", 500 * 10**9)})
     assert host.doctor("--plugins-dir", str(over.parents[1])) == 1
     assert "✗ DRA bandwidth: mlx5_1: 500G held of 400G" in capsys.readouterr().out
+
+
+def test_inside_the_plugin_pod_the_checkpoint_is_found_from_its_settings(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "kubelet"
+    _checkpoint(root / "plugins", {"u": _claim("ns", "c", "mlx5_1", 25 * 10**9)},
+                driver="hca.example.com")
+    env = {"RDMA_HCA_KUBELET_ROOT": str(root), "RDMA_HCA_DRA_DRIVER_NAME": "hca.example.com"}
+    assert host.doctor("--json", env=env) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["draShares"]["checkpoint"] == str(
+        root / "plugins" / "hca.example.com" / "checkpoint.json")
+    assert doc["draShares"]["hcas"][1]["heldBitsPerSecond"] == 25 * 10**9

@@ -24,7 +24,7 @@ from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.settings.config import BY_KEY, add_flags
 from rdma_hca.tools.arguments import http_url
-from rdma_hca.tools.doctor import cluster, kubeapi, render, shares, slices
+from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
 from rdma_hca.tools.doctor.result import parse_command
 
 
@@ -58,10 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
                     help="the kubelet's device-plugins directory (default "
                     "<kubelet root>/device-plugins)")
-    nd.add_argument("--plugins-dir", default=shares.DEFAULT_PLUGINS_DIR,
+    nd.add_argument("--plugins-dir",
                     help="the kubelet's plugins directory, where the DRA driver (--dra-driver) "
                     "keeps its checkpoint: who holds how much of each HCA (default "
-                    "<kubelet root>/plugins)")
+                    "<kubelet root>/plugins, the root from RDMA_HCA_KUBELET_ROOT as for "
+                    "serve, else /var/lib/kubelet)")
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
     nd.add_argument("--non-host-network", action="store_true", default=None,
                     help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")

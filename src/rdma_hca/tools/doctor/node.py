@@ -28,6 +28,7 @@ from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.config import ConfigError, load_settings
+from rdma_hca.settings.model import Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
@@ -76,18 +77,23 @@ class NodeReport:
 def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None = None) -> int:
     """Entry point of ``doctor --node``: 0 all good, 1 a check failed, 2 a bad config."""
     try:
-        non_host_network = _non_host_network(args, os.environ if env is None else env)
+        settings = _settings(args, os.environ if env is None else env)
     except ConfigError as exc:
         return _usage_error(out, args.json, str(exc))
+    # The flags, else the plugin's own settings: inside its pod the doctor finds the
+    # driver's checkpoint where the driver keeps it, whatever the kubelet's root.
+    driver = getattr(args, "dra_driver", None) or DEFAULT_DRIVER
+    if driver == DEFAULT_DRIVER:
+        driver = settings.dra.driver_name
     options = NodeOptions(
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         kubelet_dir=Path(args.kubelet_dir),
         readyz_url=args.readyz_url,
-        non_host_network=non_host_network,
+        non_host_network=settings.non_host_network,
         read_deadline=read_deadline(args),
-        dra_checkpoint=checkpoint_path(args.plugins_dir,
-                                       getattr(args, "dra_driver", None) or DEFAULT_DRIVER),
+        dra_checkpoint=checkpoint_path(getattr(args, "plugins_dir", None)
+                                       or settings.plugins_dir, driver),
     )
     try:
         report = diagnose(options)
@@ -102,12 +108,11 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
     return 0 if report.ok else 1
 
 
-def _non_host_network(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The flag wins over ``RDMA_HCA_NON_HOST_NETWORK``, which wins over the file, as for
     ``serve``: inside the plugin pod the doctor then judges with the plugin's own setting."""
     flag = True if args.non_host_network else None
-    settings = load_settings(config_file=args.config, env=env, flags={"nonHostNetwork": flag})
-    return settings.non_host_network
+    return load_settings(config_file=args.config, env=env, flags={"nonHostNetwork": flag})
 
 
 def _usage_error(out: TextIO, as_json: bool, message: str) -> int:

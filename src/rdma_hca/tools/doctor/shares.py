@@ -22,7 +22,6 @@ from rdma_hca.node.model import Hca
 from rdma_hca.tools.doctor.result import Check
 
 SUBJECT = "node"
-DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 
 
 def checkpoint_path(plugins_dir: str, driver: str) -> Path:
