@@ -86,6 +86,9 @@ def quantity_text(value: int) -> str:
     return format_quantity(Quantity(Fraction(value), QuantityFormat.DECIMAL_SI))
 
 
+_STEP = quantity_text(BANDWIDTH_STEP)
+
+
 def capacity(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
     """The device's consumable capacities: its bandwidth, when its rate is known."""
     bits = bandwidth_bps(hca)
@@ -93,8 +96,7 @@ def capacity(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
         return {}
     return {f"{driver}/{BANDWIDTH}": {
         "value": quantity_text(bits),
-        "requestPolicy": {"default": "0",
-                          "validRange": {"min": "0", "step": quantity_text(BANDWIDTH_STEP)}}}}
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": _STEP}}}}
 
 
 def _link_layer(hca: Hca) -> str | None:
