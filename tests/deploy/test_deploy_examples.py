@@ -84,7 +84,8 @@ def test_check_job_runs_our_check_on_the_host_network() -> None:
 
 
 JOBS = ("hps-benchmark-job.yaml", "hps-benchmark-job-non-hostnetwork.yaml",
-        "dra-hps-benchmark-job.yaml", "dra-gpu-and-hca-job.yaml")
+        "dra-hps-benchmark-job.yaml", "dra-gpu-and-hca-job.yaml",
+        "dra-bandwidth-gpu-job.yaml")
 
 
 def _job(name: str) -> dict[str, Any]:
@@ -134,3 +135,38 @@ def test_install_doc_points_at_the_chart_readme_for_values() -> None:
     # The chart's README holds the table of every value (tested against values.yaml).
     doc = (REPO / "docs" / "install.md").read_text()
     assert "deploy/helm/ack-rdma-device-plugin/README.md" in doc
+
+
+def _templates(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((REPO / "examples" / name).read_text())
+            if d and d["kind"] == "ResourceClaimTemplate"]
+
+
+def _bandwidth_asked(request: dict[str, Any]) -> int:
+    from rdma_hca.daemon.dra.devices import BANDWIDTH, BANDWIDTH_STEP
+
+    asked = request["exactly"]["capacity"]["requests"]
+    assert set(asked) == {f"rdma-hca.io/{BANDWIDTH}"}  # the name the driver publishes
+    bits = int(parse_quantity(asked[f"rdma-hca.io/{BANDWIDTH}"]))
+    assert bits > 0 and bits % BANDWIDTH_STEP == 0  # what the policy would round it to
+    return bits
+
+
+def test_the_bandwidth_template_asks_100g_of_one_hca() -> None:
+    (template,) = _templates("dra-bandwidth-claimtemplate.yaml")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "rdma-hca.io"
+    assert _bandwidth_asked(request) == 100 * 10**9
+
+
+def test_the_bandwidth_job_puts_two_shares_under_the_gpus_root() -> None:
+    (template,) = _templates("dra-bandwidth-gpu-job.yaml")
+    devices = template["spec"]["spec"]["devices"]
+    shares = [r for r in devices["requests"]
+              if r["exactly"]["deviceClassName"] == "rdma-hca.io"]
+    assert len(shares) == 2 and all(_bandwidth_asked(r) for r in shares)
+    (gpu,) = [r["name"] for r in devices["requests"]
+              if r["exactly"]["deviceClassName"] == "gpu.nvidia.com"]
+    (root,) = [c for c in devices["constraints"]
+               if c.get("matchAttribute") == "resource.kubernetes.io/pcieRoot"]
+    assert set(root["requests"]) == {gpu, *(r["name"] for r in shares)}

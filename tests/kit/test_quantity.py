@@ -41,6 +41,12 @@ from rdma_hca.tools.doctor.cluster import human_duration
         ("189280m", "189280m"),
         ("1.0000000001", "1000000001n"),  # finer than nano rounds up
         ("-1k", "-1k"),
+        ("400000000000", "400G"),  # a 400 Gb/s HCA's bandwidth capacity
+        ("2.5G", "2500M"),
+        ("1000000000000000000000", "1e21"),  # past exa: exponent form, as kubectl
+        ("1e24", "1e24"),
+        ("12e3", "12e3"),
+        ("1e2", "100"),
     ],
 )
 def test_canonical_form(text: str, shown: str) -> None:

@@ -312,3 +312,76 @@ def test_non_utf8_names_do_not_crash_the_doctor(host: Host, tmp_path: Path) -> N
     doc = json.loads(raw.encode("utf-8"))
     assert [h["name"] for h in doc["hcas"]] == ["mlx5_1", "mlx5_\\xff"]
     assert doc["hcas"][0]["ports"][0]["netdevs"] == ["eth\\xfe1"]
+
+
+def _checkpoint(plugins: Path, claims: dict[str, Any], driver: str = "rdma-hca.io") -> Path:
+    from rdma_hca.kit.dra_checkpoint import encode
+
+    path = plugins / driver / "checkpoint.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(encode(claims))
+    return path
+
+
+def _claim(ns: str, name: str, hca: str, *bandwidths: int) -> Any:
+    from rdma_hca.kit.dra_checkpoint import PreparedClaim, PreparedDevice, Share
+
+    device = hca.replace("_", "-")
+    return PreparedClaim(ns, name, (PreparedDevice(
+        ("hca",), "node-a", device, hca, (f"rdma-hca.io/claim=u-{device}",),
+        tuple(Share(f"share-{name}-{i}", b) for i, b in enumerate(bandwidths))),))
+
+
+def test_who_holds_how_much_of_each_hca(host: Host, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    plugins = tmp_path / "plugins"
+    _checkpoint(plugins, {"u1": _claim("train", "a", "mlx5_0", 100 * 10**9),
+                          "u2": _claim("train", "b", "mlx5_0", 30 * 10**9, 20 * 10**9),
+                          "u3": _claim("web", "plain", "mlx5_1")})
+    assert host.doctor("--plugins-dir", str(plugins)) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if line.split()[:3] == ["HCA", "BANDWIDTH", "HELD"]), None)
+    assert start is not None, out
+    assert lines[start].split() == ["HCA", "BANDWIDTH", "HELD", "OF", "CLAIMS", "HELD", "BY"]
+    rows = {line.split()[0]: line.split() for line in lines[start + 1:start + 3]}
+    assert rows["mlx5_0"][:4] == ["mlx5_0", "150G", "400G", "2"]
+    assert "train/a 100G, train/b 50G" in out
+    assert rows["mlx5_1"][:4] == ["mlx5_1", "0G", "400G", "1"]
+    assert "✓ DRA bandwidth: 3 prepared claim(s); 1 HCA(s) with bandwidth held" in out
+    assert host.doctor("--plugins-dir", str(plugins), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    mlx5_0 = doc["draShares"]["hcas"][0]
+    assert (mlx5_0["name"], mlx5_0["heldBitsPerSecond"], mlx5_0["rateBitsPerSecond"]) == (
+        "mlx5_0", 150 * 10**9, 400 * 10**9)
+    assert mlx5_0["claims"][1]["shareIDs"] == ["share-b-0", "share-b-1"]
+
+
+def test_no_checkpoint_says_nothing_and_a_bad_one_fails(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert host.doctor("--plugins-dir", str(tmp_path / "none")) == 0
+    assert "DRA" not in capsys.readouterr().out
+    path = _checkpoint(tmp_path / "p", {"u": _claim("ns", "c", "mlx5_0", 10**9)})
+    path.write_text(path.read_text().replace("1000000000", "2000000000"))
+    assert host.doctor("--plugins-dir", str(tmp_path / "p")) == 1
+    out = capsys.readouterr().out
+    assert "✗ DRA checkpoint:" in out and "does not match its checksum" in out
+    assert "restart its pod" in out
+    # More held than the port's rate (it slowed since the claims were placed).
+    over = _checkpoint(tmp_path / "q", {"u": _claim("ns", "c", "mlx5_1", 500 * 10**9)})
+    assert host.doctor("--plugins-dir", str(over.parents[1])) == 1
+    assert "✗ DRA bandwidth: mlx5_1: 500G held of 400G" in capsys.readouterr().out
+
+
+def test_inside_the_plugin_pod_the_checkpoint_is_found_from_its_settings(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "kubelet"
+    _checkpoint(root / "plugins", {"u": _claim("ns", "c", "mlx5_1", 25 * 10**9)},
+                driver="hca.example.com")
+    env = {"RDMA_HCA_KUBELET_ROOT": str(root), "RDMA_HCA_DRA_DRIVER_NAME": "hca.example.com"}
+    assert host.doctor("--json", env=env) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["draShares"]["checkpoint"] == str(
+        root / "plugins" / "hca.example.com" / "checkpoint.json")
+    assert doc["draShares"]["hcas"][1]["heldBitsPerSecond"] == 25 * 10**9

@@ -175,6 +175,8 @@ class Daemon:
                 prepares=dict(self.dra.claims.prepare_results),
                 unprepares=dict(self.dra.claims.unprepare_results),
                 prepare_seconds=self.dra.claims.prepare_seconds.counts(),
+                bandwidth_capacity=self.dra.bandwidth_capacity,
+                bandwidth_held=self.dra.bandwidth_held,
             ),
         )
 

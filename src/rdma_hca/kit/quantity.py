@@ -122,6 +122,16 @@ def _format_binary(value: int) -> str:
 def _format_decimal(value: Fraction, fmt: QuantityFormat) -> str:
     if value == 0:
         return "0"
+    if value.denominator == 1:
+        # Whole numbers (device counts, bandwidths) in plain integers: Fraction arithmetic
+        # costs tens of microseconds a value, and a slice rebuild formats one per device.
+        whole, exponent = int(value), 0
+        while whole % 1000 == 0:
+            whole //= 1000
+            exponent += 3
+        if fmt is QuantityFormat.DECIMAL_EXPONENT or exponent > max(_DECIMAL_SUFFIXES.values()):
+            return f"{whole}" + (f"e{exponent}" if exponent else "")
+        return f"{whole}{_DECIMAL_BY_EXPONENT[exponent]}"
     # Find the mantissa with the largest exponent that is a multiple of three and still
     # leaves the mantissa a whole number; values are multiples of 1e-9, so -9 always works.
     exponent = -9

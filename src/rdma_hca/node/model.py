@@ -111,6 +111,14 @@ class Hca:
     def any_port_up(self) -> bool:
         return any(p.is_up for p in self.ports)
 
+    @property
+    def rate_bps(self) -> int | None:
+        """Its fastest port's rate in bits per second (a bond's one port reports the
+        bond's); None when no port says one."""
+        rates = [p.rate_gbps for p in self.ports if p.rate_gbps is not None]
+        # Rounded to whole bits: 13.64 Gb/s is 13640000000 b/s, not a float's neighbour.
+        return round(max(rates) * 1e9) if rates else None
+
     def device_nodes(self) -> tuple[CharDevice, ...]:
         """The device nodes a container needs for this HCA: uverbs, and umad on IB ports."""
         nodes: list[CharDevice] = []

@@ -1,8 +1,8 @@
 """Which claims are prepared, kept on disk across restarts and shared between instances.
 
-The file is versioned and carries a checksum of its claims, so a file cut short or
-edited by hand is told from a good one; version 1 (no checksum) is read and written
-back as the current version. Two instances of the driver run side by side during a
+The format is ``kit/dra_checkpoint.py``'s (the doctor reads it too): versioned, with a
+checksum of its claims; version 1 (no checksum) is read and written back as the current
+version. Two instances of the driver run side by side during a
 rolling update: both write this one file, always as read-modify-write under a lock
 (an open-file-description record lock on ``claims.lock``), so neither loses the
 other's claims. The same lock file holds one lock per claim, so a claim is prepared or
@@ -17,104 +17,27 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import struct
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
+from rdma_hca.kit.dra_checkpoint import CHECKPOINT_VERSION as CHECKPOINT_VERSION
+from rdma_hca.kit.dra_checkpoint import CheckpointError as CheckpointError
+from rdma_hca.kit.dra_checkpoint import Claims as Claims
+from rdma_hca.kit.dra_checkpoint import PreparedClaim as PreparedClaim
+from rdma_hca.kit.dra_checkpoint import PreparedDevice as PreparedDevice
+from rdma_hca.kit.dra_checkpoint import Share as Share
+from rdma_hca.kit.dra_checkpoint import checksum as checksum
+from rdma_hca.kit.dra_checkpoint import decode as decode
+from rdma_hca.kit.dra_checkpoint import encode as encode
+from rdma_hca.kit.dra_checkpoint import load_checkpoint as load_checkpoint
 from rdma_hca.kit.files import write_atomic
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 2
 _FILE_LOCK = 0  # byte 0 of the lock file: the checkpoint itself; claims lock bytes 1..2^48
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    hca: str
-    cdi_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedClaim:
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...] = field(default=())
-
-
-Claims = dict[str, PreparedClaim]
-
-
-class CheckpointError(ValueError):
-    """The checkpoint file exists but cannot be read as one."""
-
-
-def _claim_json(c: PreparedClaim) -> dict[str, object]:
-    return {"namespace": c.namespace, "name": c.name, "devices": [
-        {"request_names": list(d.request_names), "pool": d.pool, "device": d.device,
-         "hca": d.hca, "cdi_ids": list(d.cdi_ids)} for d in c.devices]}
-
-
-def _canonical(claims_json: object) -> str:
-    return json.dumps(claims_json, sort_keys=True, separators=(",", ":"))
-
-
-def checksum(claims_json: object) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(claims_json).encode()).hexdigest()
-
-
-def encode(claims: Mapping[str, PreparedClaim]) -> str:
-    """The file: the claims in canonical JSON, and the checksum of exactly that text."""
-    body = _canonical({uid: _claim_json(c) for uid, c in claims.items()})
-    digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
-    return (f'{{"version": {CHECKPOINT_VERSION}, "checksum": "{digest}",\n'
-            f' "claims": {body}}}\n')
-
-
-def decode(text: str, path: str) -> tuple[Claims, int]:
-    """The claims in ``text`` and the version they were written in."""
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
-    version = raw.get("version") if isinstance(raw, dict) else None
-    if version not in (1, CHECKPOINT_VERSION):
-        raise CheckpointError(f"{path} is not a checkpoint of version 1 or "
-                              f"{CHECKPOINT_VERSION} (version {version!r})")
-    assert isinstance(raw, dict)
-    body = raw.get("claims", {})
-    if version == CHECKPOINT_VERSION and raw.get("checksum") != checksum(body):
-        raise CheckpointError(f"{path} does not match its checksum (cut short or edited)")
-    try:
-        claims = {
-            str(uid): PreparedClaim(
-                str(c["namespace"]), str(c["name"]),
-                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
-                                     d["hca"], tuple(d["cdi_ids"])) for d in c["devices"]))
-            for uid, c in body.items()
-        }
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{path} has a malformed claim entry: {exc}") from exc
-    return claims, int(version)
-
-
-def load_checkpoint(path: str) -> tuple[Claims, int]:
-    """The claims on disk and their version; no file: none, of the current version."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return {}, CHECKPOINT_VERSION
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from exc
-    return decode(text, path)
 
 
 def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:

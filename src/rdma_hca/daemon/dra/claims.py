@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from rdma_hca.daemon.dra import files, metadata
@@ -31,13 +31,16 @@ from rdma_hca.daemon.dra.checkpoint import (
     Claims,
     PreparedClaim,
     PreparedDevice,
+    Share,
 )
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.devices import BANDWIDTH
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import CharDevice, Hca
@@ -78,6 +81,8 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None = None
+    # consumedCapacity: what this share takes of the device's capacities, by name.
+    consumed: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +130,29 @@ def parse_claim(obj: object) -> Claim:
         if not isinstance(r, Mapping):
             continue
         share = r.get("shareID")
+        consumed = r.get("consumedCapacity")
         devices.append(AllocatedDevice(
             str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")),
-            str(r.get("device", "")), str(share) if share else None))
+            str(r.get("device", "")), str(share) if share else None,
+            {str(k): str(v) for k, v in consumed.items()}
+            if isinstance(consumed, Mapping) else {}))
     return Claim(namespace, name, uid, tuple(devices), obj)
+
+
+def _bandwidth(r: AllocatedDevice, driver: str) -> int:
+    """Bits per second of the device's bandwidth the share consumed (0: none asked)."""
+    text = r.consumed.get(f"{driver}/{BANDWIDTH}")
+    if text is None:
+        return 0
+    try:
+        bits = int(parse_quantity(text))  # whole bits, rounded up as the API's Value()
+    except QuantityError as exc:
+        raise ClaimError(f"the allocation of device {r.device} consumed {text!r} of "
+                         f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}") from exc
+    if bits < 0:
+        raise ClaimError(f"the allocation of device {r.device} consumed a negative "
+                         f"{driver}/{BANDWIDTH} ({text})")
+    return bits
 
 
 def _claim_field(ref: ClaimRef) -> str:
@@ -423,23 +447,28 @@ class ClaimKeeper:
             raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
                              f"driver {driver} allocated")
         hcas: dict[str, tuple[Hca, ...]] = {}
-        requests: dict[str, list[str]] = {}
+        devices: dict[str, PreparedDevice] = {}
         for r in ours:
             if r.pool != pool:
                 raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
                                  f"from this node's pool {pool}")
             if r.device not in hcas:
                 hcas[r.device] = self._hcas_of(r.device, None)
-            # A shared device can be in one claim twice (rdma/hca: 2 on the node-wide
-            # device, two share IDs): one CDI device, for each request that got it.
-            names = requests.setdefault(r.device, [])
-            if r.request not in names:
-                names.append(r.request)
-        devices = tuple(
-            PreparedDevice(tuple(requests[d]), pool, d, ",".join(h.name for h in hcas[d]),
-                           (files.cdi_id(driver, claim.uid, d),))
-            for d in hcas)
-        return PreparedClaim(claim.namespace, claim.name, devices), hcas
+            shares = (Share(r.share_id, _bandwidth(r, driver)),) if r.share_id else ()
+            known = devices.get(r.device)
+            if known is None:
+                devices[r.device] = PreparedDevice(
+                    (r.request,), pool, r.device, ",".join(h.name for h in hcas[r.device]),
+                    (files.cdi_id(driver, claim.uid, r.device),), shares)
+            else:
+                # A shared device can be in one claim twice (two requests, or rdma/hca: 2
+                # on the node-wide device; each with its share ID): one CDI device for every
+                # request that got it, holding what all of them consumed.
+                devices[r.device] = replace(
+                    known, request_names=tuple(dict.fromkeys((*known.request_names,
+                                                              r.request))),
+                    shares=known.shares + shares)
+        return PreparedClaim(claim.namespace, claim.name, tuple(devices.values())), hcas
 
     def _hcas_of(self, device: str, hca_name: str | None) -> tuple[Hca, ...]:
         """The HCAs a device gives: its own, or for the node-wide device every usable HCA
@@ -487,7 +516,7 @@ class ClaimKeeper:
         """A claim's device metadata files and its CDI spec, from one env (the spec's
         devices set it, and the metadata files repeat it)."""
         every = {h.name: h for hs in hcas.values() for h in hs}
-        env = files.claim_env(list(every.values()), self.config.env)
+        env = files.claim_env(list(every.values()), self.config.env, claim)
         meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
                              self.config.plugin_dir, uid, claim, hcas, env, pod_claim,
                              self.groups.keys())

@@ -14,11 +14,11 @@ import os
 from dataclasses import dataclass
 
 from rdma_hca.daemon.offer.env import EnvSettings, env_settings
+from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE
 from rdma_hca.settings.config import DeviceMetadata, Mode, Selectors
 from rdma_hca.settings.model import Settings
 
 DRA_SOCKET = "dra.sock"
-CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "claims.lock"
 
 

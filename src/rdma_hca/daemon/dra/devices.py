@@ -9,6 +9,14 @@ Two kinds of device (the ``kind`` attribute tells them apart for CEL): one per H
 (``node``, named ``all-hcas``), which stands for every usable HCA as one ``rdma/hca``
 slot of the device plugin does. Only the extended-resource DeviceClass selects it, so a
 pod's ``rdma/hca: 1`` (ONE device of that class) gets what the device plugin gave it.
+
+A shared device also publishes its bandwidth as a consumable capacity
+(``<driver>/bandwidth``, DRAConsumableCapacity): the scheduler then hands each claim the
+share it asks for and never more than the port's rate in total. The policy's default is
+0, so a claim that asks for no bandwidth consumes none and fits as before; the step is
+1G: link rates are whole Gb/s (10G to 800G, SDR's 2.5G aside), and a finer step would
+only let claims ask for precision no RDMA traffic keeps to, a coarser one (25G) would
+round small asks up into waste.
 """
 
 from __future__ import annotations
@@ -18,10 +26,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from rdma_hca.daemon.offer.health import hca_healthy
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
+from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.config import DEFAULT_RDMA_HCA_MAX, Mode
 
@@ -36,6 +46,8 @@ NODE_DEVICE = "all-hcas"
 SLOTS = "slots"  # the node-wide device's capacity, qualified with the driver name
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
+BANDWIDTH = "bandwidth"  # the capacity, qualified with the driver name
+BANDWIDTH_STEP = 10**9  # bits per second: 1G
 
 
 def device_names(names: Iterable[str]) -> dict[str, str]:
@@ -77,6 +89,32 @@ def _rate_gbps(hca: Hca) -> int | None:
     return int(max(rates)) if rates else None
 
 
+def bandwidth_bps(hca: Hca) -> int | None:
+    """The HCA's rate in bits per second, as ``rateGbps`` says it (its fastest port; a
+    bond's one port reports the bond's rate); None when no port says a rate, or one
+    below a step (the API wants room for one step in a capacity)."""
+    bits = hca.rate_bps
+    return bits if bits is not None and bits >= BANDWIDTH_STEP else None
+
+
+def quantity_text(value: int) -> str:
+    """A whole number as the API server prints it: 400000000000 is ``400G``."""
+    return format_quantity(Quantity(Fraction(value), QuantityFormat.DECIMAL_SI))
+
+
+_STEP = quantity_text(BANDWIDTH_STEP)
+
+
+def capacity(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
+    """The device's consumable capacities: its bandwidth, when its rate is known."""
+    bits = bandwidth_bps(hca)
+    if bits is None:
+        return {}
+    return {f"{driver}/{BANDWIDTH}": {
+        "value": quantity_text(bits),
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": _STEP}}}}
+
+
 def _link_layer(hca: Hca) -> str | None:
     layers = sorted({p.link_layer.value for p in hca.ports})
     return ",".join(layers) if layers else None
@@ -111,6 +149,10 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[s
     entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
+        # Exclusive devices publish none: a request policy needs allowMultipleAllocations,
+        # and a claim holding the whole HCA has nothing to share.
+        if cap := capacity(hca, driver):
+            entry["capacity"] = cap
     # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
     # node's, not the device's, and shows in the health stream instead.
     if taints and not (hca.usable and hca.any_port_up):
@@ -182,6 +224,13 @@ class Offer:
             devices.append(node_device(hcas, driver, taints))
             groups[NODE_DEVICE] = tuple(hcas)
         return cls(by_device, devices, digest(devices), rdma_cm, groups)
+
+    def bandwidth(self) -> dict[str, int]:
+        """Each HCA's published bandwidth (by HCA name), bits per second; 0 where its
+        device publishes none (exclusive mode, or no rate known)."""
+        published = {d["name"] for d in self.devices if d.get("capacity")}
+        return {h.name: (bandwidth_bps(h) or 0) if n in published else 0
+                for n, h in self.hcas.items()}
 
     def health(self) -> dict[str, bool]:
         """Each device's health as the device plugin judges its HCA (``offer.health``);

@@ -110,6 +110,23 @@ class DraDriver:
         return self.claims.prepared
 
     @property
+    def bandwidth_capacity(self) -> dict[str, int]:
+        """Each offered HCA's published bandwidth, bits per second (0: none published)."""
+        return self.offer.bandwidth()
+
+    @property
+    def bandwidth_held(self) -> dict[str, int]:
+        """Bits per second of each HCA the prepared claims hold: every offered HCA (at 0
+        when none), and an HCA gone from the offer while a claim still holds it."""
+        held = dict.fromkeys(self.offer.bandwidth(), 0)
+        for claim in self.claims.prepared.values():
+            for d in claim.devices:
+                # The node-wide device holds no bandwidth and names no one HCA.
+                if d.bandwidth or d.hca in held:
+                    held[d.hca] = held.get(d.hca, 0) + d.bandwidth
+        return held
+
+    @property
     def registered(self) -> bool:
         return self.sockets.registered
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice, Share
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
@@ -26,6 +26,9 @@ from rdma_hca.node.model import CharDevice, Hca
 log = logging.getLogger(__name__)
 
 CDI_CLASS = "claim"
+# What the claim holds of each HCA's bandwidth: ``mlx5_0=100000000000,mlx5_3=0`` (bits
+# per second, in RDMA_HCA_DEVICES' order); set only when it holds some (docs/nccl.md).
+RDMA_HCA_BANDWIDTH = "RDMA_HCA_BANDWIDTH"
 
 
 def cdi_kind(driver: str) -> str:
@@ -49,10 +52,18 @@ def cdi_spec_path(spec_dir: str, driver: str, claim_uid: str) -> str:
     return os.path.join(spec_dir, _spec_prefix(driver) + cdi_name(claim_uid) + ".json")
 
 
-def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
+def claim_env(hcas: Sequence[Hca], env: EnvSettings,
+              claim: PreparedClaim | None = None) -> list[str]:
     """The variables the device plugin's Allocate would set, built from the claim's own
-    HCAs (``daemon/offer/env.py``)."""
-    return [f"{k}={v}" for k, v in container_env(hcas, env).items()]
+    HCAs (``daemon/offer/env.py``), and the bandwidth the claim holds of them."""
+    variables = [f"{k}={v}" for k, v in container_env(hcas, env).items()]
+    held: dict[str, int] = {}
+    for d in claim.devices if claim is not None else ():
+        held[d.hca] = held.get(d.hca, 0) + d.bandwidth
+    if any(held.values()):
+        variables.append(f"{RDMA_HCA_BANDWIDTH}=" + ",".join(
+            f"{h.name}={held.get(h.name, 0)}" for h in hcas))
+    return variables
 
 
 def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
@@ -70,13 +81,30 @@ def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
         CdiDevice(cdi_device_name(claim_uid, d.device),
                   [n for h in hcas[d.device] for n in h.device_nodes()], env,
                   {f"{driver}/device": d.device, f"{driver}/pool": d.pool,
-                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names)},
+                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names),
+                   **_share_notes(driver, d)},
                   tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
     return make_spec(cdi_kind(driver), devices, rdma_cm, {
         f"{driver}/claim-uid": claim_uid, f"{driver}/claim-namespace": claim.namespace,
         f"{driver}/claim-name": claim.name})
+
+
+def _share_notes(driver: str, d: PreparedDevice) -> dict[str, str]:
+    """The device's shares, ``<shareID>=<bits per second>`` each, comma-separated."""
+    if not d.shares:
+        return {}
+    return {f"{driver}/shares": ",".join(f"{s.share_id}={s.bandwidth}" for s in d.shares)}
+
+
+def _shares_of(text: object) -> tuple[Share, ...]:
+    shares = []
+    for part in str(text or "").split(","):
+        share_id, _, bits = part.partition("=")
+        if share_id:
+            shares.append(Share(share_id, int(bits) if bits.isdigit() else 0))
+    return tuple(shares)
 
 
 def write_claim_spec(spec_dir: str, driver: str, claim_uid: str,
@@ -107,7 +135,8 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
         requests = str(dn.get(f"{driver}/requests", ""))
         devices.append(PreparedDevice(
             tuple(requests.split(",")) if requests else (), str(dn.get(f"{driver}/pool", "")),
-            device, str(dn.get(f"{driver}/hca", "")), (cdi_id(driver, uid, device),)))
+            device, str(dn.get(f"{driver}/hca", "")), (cdi_id(driver, uid, device),),
+            _shares_of(dn.get(f"{driver}/shares"))))
     claim = PreparedClaim(str(notes.get(f"{driver}/claim-namespace", "")),
                           str(notes.get(f"{driver}/claim-name", "")), tuple(devices))
     return uid, claim

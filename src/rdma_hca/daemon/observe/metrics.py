@@ -103,6 +103,21 @@ class StatusFamilies:
             for result in ("ok", "error"):
                 family.add_metric([result], results.get(result, 0))
             yield family
+        # Every HCA at 0 from the start, so a held share appears as a change, not a new
+        # series; an HCA gone while claims hold it keeps its held series.
+        capacity = GaugeMetricFamily(
+            "rdma_hca_dra_bandwidth_capacity_bits_per_second",
+            "Bandwidth the HCA's DRA device publishes as a consumable capacity (0: none)",
+            labels=["hca"])
+        for hca, bits in sorted(s.dra.bandwidth_capacity.items()):
+            capacity.add_metric([hca], float(bits))
+        yield capacity
+        held = GaugeMetricFamily(
+            "rdma_hca_dra_bandwidth_held_bits_per_second",
+            "Bandwidth of the HCA held by the claims prepared on this node", labels=["hca"])
+        for hca, bits in sorted(s.dra.bandwidth_held.items()):
+            held.add_metric([hca], float(bits))
+        yield held
         h = s.dra.prepare_seconds
         buckets = [(go_float(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)]
         buckets.append(("+Inf", float(h.count)))

@@ -38,6 +38,10 @@ class DraStatus:
     prepares: Mapping[str, int] = field(default_factory=dict)
     unprepares: Mapping[str, int] = field(default_factory=dict)
     prepare_seconds: HistogramCounts = field(default_factory=HistogramCounts)
+    # By HCA name, bits per second: what each HCA's device publishes (0: nothing) and
+    # what the prepared claims hold of it.
+    bandwidth_capacity: Mapping[str, int] = field(default_factory=dict)
+    bandwidth_held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 
 A kubelet emulator registers the driver through its plugin watcher, a fake API server
 over HTTP stores the ResourceSlices and ResourceClaims. The walkthrough shows the slice
-appearing with each HCA's PCIe root, a claim being prepared into a CDI device, the
-guide's ``rdma/hca: 1`` getting every HCA through the extended-resource class, a port
-going down and the slice changing, and the kubelet restarting.
+appearing with each HCA's PCIe root and bandwidth, a claim being prepared into a CDI
+device, the guide's ``rdma/hca: 1`` getting every HCA through the extended-resource class,
+two claims sharing one HCA by bandwidth, a port going down and the slice changing, and the
+kubelet restarting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, TextIO
 from rdma_hca.daemon.dra.devices import NODE_DEVICE
 from rdma_hca.devkit.demo import run_walkthrough
 from rdma_hca.devkit.dra.extended import extended_claim
-from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.text import text_table
 
@@ -28,6 +29,15 @@ STD = "resource.kubernetes.io"
 def _value(device: dict[str, Any], key: str) -> str:
     attr = device.get("attributes", {}).get(key)
     return "-" if attr is None else str(next(iter(attr.values())))
+
+
+def _bandwidth(device: dict[str, Any]) -> str:
+    cap = device.get("capacity", {}).get(f"{DRIVER}/bandwidth")
+    return "-" if cap is None else str(cap["value"])
+
+
+def _gbps(bits: int) -> str:
+    return f"{bits / 1e9:g}G"
 
 
 def _slice_summary(stage: DraStage) -> str:
@@ -53,7 +63,8 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         say(_slice_summary(stage))
         gpus = node.gpus_by_root()
         rows: list[tuple[str, ...]] = [
-            ("DEVICE", "HCA", "pcieRoot", "GPUs UNDER IT", "NUMA", "NETDEV", "LINK")]
+            ("DEVICE", "HCA", "pcieRoot", "GPUs UNDER IT", "NUMA", "NETDEV", "LINK",
+             "BANDWIDTH")]
         for name, d in sorted(stage.devices().items()):
             root = _value(d, f"{STD}/pcieRoot")
             hca = (f"every usable ({_value(d, f'{DRIVER}/hcaCount')})" if name == NODE_DEVICE
@@ -61,7 +72,8 @@ async def _demo(out: TextIO, workdir: Path) -> None:
             rows.append((name, hca, root,
                          str(len(gpus.get(root, []))) if root != "-" else "-",
                          _value(d, f"{STD}/numaNode"),
-                         _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState")))
+                         _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState"),
+                         _bandwidth(d)))
         say("\n".join(text_table(rows, indent="  ")))
         say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
             "and an HCA request gets both from one row's root complex; all-hcas is what "
@@ -105,6 +117,8 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         await stage.kubelet.unprepare(DRIVER, [("default", ext, claim)])
         say()
 
+        await _shares(stage, say)
+
         say("== A port goes down ==")
         node.set_port("mlx5_3", up=False)
         if not await stage.until(lambda: "taints" in stage.devices().get("mlx5-3", {})):
@@ -133,6 +147,41 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         resp = await stage.kubelet.unprepare(DRIVER, [("training", uid, "gpu-and-hca")])
         say(f"NodeUnprepareResources(training/gpu-and-hca): "
             f"{resp.claims[uid].error or 'done'}, CDI spec removed")
+
+
+async def _shares(stage: DraStage, say: Any) -> None:
+    """Two claims hold 150G and 250G of one 400G HCA: nothing is left for a third."""
+    assert stage.kubelet is not None and stage.driver is not None
+    say("== Two claims share one HCA by bandwidth (DRAConsumableCapacity) ==")
+    policy = stage.devices()["mlx5-0"]["capacity"][f"{DRIVER}/bandwidth"]
+    say(f"mlx5-0 publishes {DRIVER}/bandwidth: {policy['value']}, requestPolicy "
+        f"{json.dumps(policy['requestPolicy'], sort_keys=True)}")
+    refs = []
+    for name, ask in (("allreduce-a", "150G"), ("allreduce-b", "250G")):
+        uid = stage.api.add_claim("training", name, [
+            share_result("hca", "mlx5-0", NODE, bandwidth=ask)])
+        refs.append(("training", uid, name))
+        resp = await stage.kubelet.prepare(DRIVER, [refs[-1]])
+        if resp.claims[uid].error:
+            raise TimeoutError(f"prepare failed: {resp.claims[uid].error}")
+        spec = json.loads(next(p for p in stage.cdi_dir.iterdir() if uid in p.name)
+                          .read_text())
+        env = [e for e in spec["devices"][0]["containerEdits"]["env"]
+               if e.startswith("RDMA_HCA_BANDWIDTH=")]
+        say(f"NodePrepareResources(training/{name}, asked {ask}) -> share of mlx5-0; "
+            f"{env[0] if env else 'no RDMA_HCA_BANDWIDTH'}")
+    held = stage.driver.bandwidth_held["mlx5_0"]
+    total = stage.driver.bandwidth_capacity["mlx5_0"]
+    say(f"rdma_hca_dra_bandwidth_held_bits_per_second{{hca=\"mlx5_0\"}} {held:g} of "
+        f"{total:g} ({_gbps(held)} of {_gbps(total)}): a third claim asking for bandwidth "
+        "of mlx5-0 stays Pending (\"cannot allocate all claims\"); one asking none still fits")
+    resp = await stage.kubelet.unprepare(DRIVER, refs)
+    errors = [e.error for e in resp.claims.values() if e.error]
+    if errors:
+        raise TimeoutError(f"unprepare failed: {errors[0]}")
+    say(f"NodeUnprepareResources(both) -> held on mlx5_0: "
+        f"{_gbps(stage.driver.bandwidth_held['mlx5_0'])}")
+    say()
 
 
 def run_dra_demo(verbose: bool = False, out: TextIO | None = None) -> int:

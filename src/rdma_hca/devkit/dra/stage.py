@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -143,6 +144,18 @@ class DraStage:
         assert self.kubelet is not None and self.driver is not None
         return await self.kubelet.wait_registered(self.driver.config.driver_name, count,
                                                   timeout)
+
+
+def share_result(request: str, device: str, pool: str, *, bandwidth: str | None = None,
+                 driver: str = "rdma-hca.io", share_id: str | None = None) -> dict[str, Any]:
+    """An allocation result as the scheduler writes it for a share of a device that
+    allows several allocations: its own shareID (a UID) and, when the claim asked for
+    bandwidth (or the policy's default is not 0), the ``consumedCapacity``."""
+    result: dict[str, Any] = {"request": request, "driver": driver, "pool": pool,
+                              "device": device, "shareID": share_id or str(uuid.uuid4())}
+    if bandwidth is not None:
+        result["consumedCapacity"] = {f"{driver}/bandwidth": bandwidth}
+    return result
 
 
 def with_changes(**changes: Any) -> Callable[[DriverConfig], DriverConfig]:

@@ -302,7 +302,7 @@ class FakeApiServer:
             except Invalid as exc:
                 raise ValueError(str(exc)) from exc
 
-    def add_claim(self, namespace: str, name: str, results: list[dict[str, str]]) -> str:
+    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]]) -> str:
         """A ResourceClaim the scheduler has allocated; returns its UID."""
         claim = self.put("resourceclaims", {
             "apiVersion": DRA, "kind": "ResourceClaim",

@@ -7,15 +7,18 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
   = 64`` when any device of the slice has taints (validateResourceSliceSpec);
 - ``ResourceSliceMaxAttributesAndCapacitiesPerDevice = 32`` (attributes + capacity);
 - ``DeviceTaintsMaxLength = 16`` taints per device;
-- a capacity's ``requestPolicy`` only on a device with ``allowMultipleAllocations``, one
-  of ``validValues``/``validRange``, a ``default`` that the policy allows (validRange:
-  ``min`` given, ``default`` not below it, ``min + step`` within ``value``: upstream's
-  validateRequestPolicy);
 - ``DriverNameMaxLength = 63`` (a DNS subdomain); ``PoolNameMaxLength = 253`` (DNS
   subdomains separated by slashes); a device name is a DNS label (63);
 - a qualified attribute name: a C identifier of at most ``DeviceMaxIDLength = 32``, after an
   optional DNS subdomain of at most ``DeviceMaxDomainLength = 63`` and a slash;
 - ``DeviceAttributeMaxValueLength = 64`` for a string attribute;
+- a capacity (DRAConsumableCapacity) has a quantity ``value``; a ``requestPolicy`` only on
+  a device with ``allowMultipleAllocations`` (validateSingleAllocatableDeviceCapacity),
+  with ``validValues`` (at most ``CapacityRequestPolicyDiscreteMaxOptions = 10``,
+  ascending, none above the value, holding the default) or ``validRange`` (a ``min`` at
+  most the value and the default, a ``max`` between min and the value and at least the
+  default, a ``step`` with min + step at most the value, default and max whole steps
+  from min), never both, and a ``default`` with either (validateRequestPolicy*);
 - spec.driver, spec.nodeName and spec.pool.name are immutable (ValidateResourceSliceUpdate);
 - a claim's status.devices entry names an allocated device (driver, pool, device, shareID)
   once; at most ``AllocatedDeviceStatusMaxConditions = 8`` conditions;
@@ -27,10 +30,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from fractions import Fraction
 from typing import Any
 
-from rdma_hca.kit.quantity import QuantityError, parse_quantity
+from rdma_hca.kit.quantity import Quantity, QuantityError, format_quantity, parse_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
@@ -46,6 +48,7 @@ MAX_CONDITIONS = 8
 MAX_IPS = 16
 MAX_INTERFACE_NAME = 256
 MAX_HARDWARE_ADDRESS = 128
+MAX_VALID_VALUES = 10
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -109,14 +112,10 @@ def _check_device(d: Any, i: int) -> None:
         if isinstance(text, str) and len(text) > MAX_STRING_VALUE:
             raise Invalid(f"{where}.attributes[{key}].string: Too long: may not be more "
                           f"than {MAX_STRING_VALUE} bytes")
+    shared = d.get("allowMultipleAllocations") is True
     for key, value in capacity.items():
         _check_attribute_name(key, f"{where}.capacity[{key}]")
-        policy = value.get("requestPolicy") if isinstance(value, dict) else None
-        if policy is not None:
-            if d.get("allowMultipleAllocations") is not True:
-                raise Invalid(f"{where}.capacity[{key}].requestPolicy: Forbidden: "
-                              "allowMultipleAllocations must be true")
-            _check_request_policy(value, policy, f"{where}.capacity[{key}].requestPolicy")
+        _check_capacity(value, shared, f"{where}.capacity[{key}]")
     taints = d.get("taints") or []
     if len(taints) > MAX_TAINTS:
         raise Invalid(f"{where}.taints: Too many: {len(taints)}: must have at most "
@@ -126,59 +125,109 @@ def _check_device(d: Any, i: int) -> None:
             raise Invalid(f"{where}.taints[{j}].effect: Unsupported value: {t.get('effect')!r}")
 
 
-def _quantity(text: object, where: str) -> Fraction:
+def _quantity(value: object, where: str) -> Quantity:
     try:
-        return parse_quantity(str(text)).value
+        if not isinstance(value, str):
+            raise QuantityError(f"{value!r} is not a quantity string")
+        return parse_quantity(value)
     except QuantityError as exc:
-        raise Invalid(f"{where}: Invalid value: {text!r}: {exc}") from None
+        raise Invalid(f"{where}: Invalid value: {value!r}: quantities must match the regular "
+                      f"expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' ({exc})"
+                      ) from exc
 
 
-def _check_request_policy(capacity: dict[str, Any], policy: Any, where: str) -> None:
+def _check_capacity(cap: Any, shared: bool, where: str) -> None:
+    if not isinstance(cap, dict) or "value" not in cap:
+        raise Invalid(f"{where}.value: Required value")
+    value = _quantity(cap["value"], f"{where}.value")
+    policy = cap.get("requestPolicy")
+    if policy is None:
+        return
+    where = f"{where}.requestPolicy"
+    if not shared:
+        raise Invalid(f"{where}: Forbidden: allowMultipleAllocations must be true")
     if not isinstance(policy, dict):
-        raise Invalid(f"{where}: Invalid value: an object is required")
-    top = _quantity(capacity.get("value"), where.rsplit(".", 1)[0] + ".value")
-    valid_range: dict[str, Any] = policy.get("validRange") or {}
-    valid_values: list[Any] = policy.get("validValues") or []
-    if valid_range and valid_values:
+        raise Invalid(f"{where}: Invalid value: a request policy object is required")
+    values, bounds = policy.get("validValues") or [], policy.get("validRange")
+    if values and bounds is not None:
         raise Invalid(f'{where}: Forbidden: exactly one policy can be specified, cannot '
                       f'specify "validValues" and "validRange" at the same time')
-    if not (valid_range or valid_values):
+    if not values and bounds is None:
+        if "default" in policy:
+            _quantity(policy["default"], f"{where}.default")
         return
     if policy.get("default") is None:
-        which = "validRange" if valid_range else "validValues"
-        raise Invalid(f"{where}.default: Required value: required when {which} is defined")
+        raise Invalid(f"{where}.default: Required value: required when "
+                      f"{'validValues' if values else 'validRange'} is defined")
     default = _quantity(policy["default"], f"{where}.default")
-    if valid_values:
-        options = [_quantity(v, f"{where}.validValues") for v in valid_values]
-        if any(o > top for o in options):
-            raise Invalid(f"{where}.validValues: Invalid value: option is larger than "
-                          "capacity value")
-        if default not in options:
-            raise Invalid(f"{where}.validValues: Invalid value: {policy['default']!r}: "
-                          "default value is not valid according to the requestPolicy")
+    if values:
+        _check_valid_values(values, default, value, f"{where}.validValues")
+    else:
+        _check_valid_range(bounds, default, value, f"{where}.validRange")
+
+
+def _check_valid_values(raw: Any, default: Quantity, value: Quantity, where: str) -> None:
+    if not isinstance(raw, list):
+        raise Invalid(f"{where}: Invalid value: a list of quantities is required")
+    if len(raw) > MAX_VALID_VALUES:
+        raise Invalid(f"{where}: Too many: {len(raw)}: must have at most {MAX_VALID_VALUES} "
+                      "items")
+    options = [_quantity(v, f"{where}[{i}]") for i, v in enumerate(raw)]
+    for i in range(1, len(options)):
+        if options[i - 1].value > options[i].value:
+            raise Invalid(f"{where}[{i}]: Invalid value: {format_quantity(options[i])!r}: "
+                          "values must be sorted in ascending order")
+    seen: set[int] = set()
+    for i, option in enumerate(options):
+        if option.value > value.value:
+            raise Invalid(f"{where}[{i}]: Invalid value: {format_quantity(option)!r}: option "
+                          f"is larger than capacity value: {format_quantity(value)}")
+        if int(option) in seen:  # upstream keys the set by Value()
+            raise Invalid(f"{where}[{i}]: Duplicate value: {format_quantity(option)!r}")
+        seen.add(int(option))
+    if not any(o.value == default.value for o in options):
+        raise Invalid(f"{where}: Invalid value: {format_quantity(default)!r}: default value "
+                      "is not valid according to the requestPolicy")
+
+
+def _check_valid_range(raw: Any, default: Quantity, value: Quantity, where: str) -> None:
+    if not isinstance(raw, dict) or raw.get("min") is None:
+        raise Invalid(f"{where}.min: Required value: required when validRange is defined")
+    low = _quantity(raw["min"], f"{where}.min")
+    text = format_quantity
+    if low.value > value.value:
+        raise Invalid(f"{where}.min: Invalid value: {text(low)!r}: min is larger than "
+                      f"capacity value: {text(value)}")
+    if default.value < low.value:
+        raise Invalid(f"{where}.min: Invalid value: {text(default)!r}: default is less than "
+                      f"min: {text(low)}")
+    high = None if raw.get("max") is None else _quantity(raw["max"], f"{where}.max")
+    if high is not None:
+        if low.value > high.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(low)!r}: min is larger than "
+                          f"max: {text(high)}")
+        if high.value > value.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(high)!r}: max is larger than "
+                          f"capacity value: {text(value)}")
+        if default.value > high.value:
+            raise Invalid(f"{where}.max: Invalid value: {text(default)!r}: default is more "
+                          f"than max: {text(high)}")
+    if raw.get("step") is None:
         return
-    if valid_range.get("min") is None:
-        raise Invalid(f"{where}.validRange.min: Required value: required when validRange "
-                      "is defined")
-    low = _quantity(valid_range["min"], f"{where}.validRange.min")
-    if low > top:
-        raise Invalid(f"{where}.validRange.min: Invalid value: min is larger than capacity "
-                      "value")
-    if default < low:
-        raise Invalid(f"{where}.validRange.min: Invalid value: default is less than min")
-    if valid_range.get("max") is not None:
-        high = _quantity(valid_range["max"], f"{where}.validRange.max")
-        if low > high or high > top or default > high:
-            raise Invalid(f"{where}.validRange.max: Invalid value: max must be at least min "
-                          "and default, and at most the capacity value")
-    if valid_range.get("step") is not None:
-        step = _quantity(valid_range["step"], f"{where}.validRange.step")
-        if low + step > top:
-            raise Invalid(f"{where}.validRange.step: Invalid value: one step is larger than "
-                          "capacity value")
-        if step and (default - low) % step:
-            raise Invalid(f"{where}.validRange.step: Invalid value: value is not a multiple "
-                          "of a given step from min")
+    step = _quantity(raw["step"], f"{where}.step")
+    if step.value <= 0:
+        # Upstream divides by the step: a zero step would not get this far there.
+        raise Invalid(f"{where}.step: Invalid value: {text(step)!r}: must be greater than "
+                      "zero")
+    if low.value + step.value > value.value:
+        raise Invalid(f"{where}.step: Invalid value: {text(step)!r}: one step "
+                      f"{text(Quantity(low.value + step.value, low.format))} is larger than "
+                      f"capacity value: {text(value)}")
+    # Whole units, as upstream's Value() compares them.
+    for checked in (default, *(() if high is None else (high,))):
+        if (int(checked) - int(low)) % int(step):
+            raise Invalid(f"{where}.step: Invalid value: {text(checked)!r}: value is not a "
+                          f"multiple of a given step ({text(step)}) from ({text(low)})")
 
 
 def check_slice(obj: dict[str, Any], *, taints_allowed: bool) -> None:

@@ -59,6 +59,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--kubelet-dir", default="/var/lib/kubelet/device-plugins",
                     help="the kubelet's device-plugins directory (default "
                     "<kubelet root>/device-plugins)")
+    nd.add_argument("--plugins-dir",
+                    help="the kubelet's plugins directory, where the DRA driver (--dra-driver) "
+                    "keeps its checkpoint: who holds how much of each HCA (default "
+                    "<kubelet root>/plugins, the root from RDMA_HCA_KUBELET_ROOT as for "
+                    "serve, else /var/lib/kubelet)")
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
     nd.add_argument("--non-host-network", action="store_true", default=None,
                     help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")

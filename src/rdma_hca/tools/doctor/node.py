@@ -28,9 +28,19 @@ from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.config import ConfigError, load_settings
+from rdma_hca.settings.model import Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.shares import (
+    Shares,
+    checkpoint_path,
+    read_shares,
+    shares_check,
+    shares_json,
+    shares_rows,
+)
+from rdma_hca.tools.doctor.slices import DEFAULT_DRIVER
 from rdma_hca.tools.report import clean_json, printable_lines
 
 SUBJECT = "node"
@@ -49,6 +59,7 @@ class NodeOptions:
     non_host_network: bool
     readyz_timeout: float = READYZ_TIMEOUT
     read_deadline: float = DEFAULT_DEADLINE
+    dra_checkpoint: Path | None = None  # the DRA driver's: who holds how much of each HCA
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,7 @@ class NodeReport:
     inventory: NodeInventory
     options: NodeOptions
     checks: tuple[Check, ...]
+    shares: Shares | None = None
 
     @property
     def ok(self) -> bool:
@@ -65,16 +77,23 @@ class NodeReport:
 def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None = None) -> int:
     """Entry point of ``doctor --node``: 0 all good, 1 a check failed, 2 a bad config."""
     try:
-        non_host_network = _non_host_network(args, os.environ if env is None else env)
+        settings = _settings(args, os.environ if env is None else env)
     except ConfigError as exc:
         return _usage_error(out, args.json, str(exc))
+    # The flags, else the plugin's own settings: inside its pod the doctor finds the
+    # driver's checkpoint where the driver keeps it, whatever the kubelet's root.
+    driver = getattr(args, "dra_driver", None) or DEFAULT_DRIVER
+    if driver == DEFAULT_DRIVER:
+        driver = settings.dra.driver_name
     options = NodeOptions(
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         kubelet_dir=Path(args.kubelet_dir),
         readyz_url=args.readyz_url,
-        non_host_network=non_host_network,
+        non_host_network=settings.non_host_network,
         read_deadline=read_deadline(args),
+        dra_checkpoint=checkpoint_path(getattr(args, "plugins_dir", None)
+                                       or settings.plugins_dir, driver),
     )
     try:
         report = diagnose(options)
@@ -89,12 +108,11 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
     return 0 if report.ok else 1
 
 
-def _non_host_network(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The flag wins over ``RDMA_HCA_NON_HOST_NETWORK``, which wins over the file, as for
     ``serve``: inside the plugin pod the doctor then judges with the plugin's own setting."""
     flag = True if args.non_host_network else None
-    settings = load_settings(config_file=args.config, env=env, flags={"nonHostNetwork": flag})
-    return settings.non_host_network
+    return load_settings(config_file=args.config, env=env, flags={"nonHostNetwork": flag})
 
 
 def _usage_error(out: TextIO, as_json: bool, message: str) -> int:
@@ -126,7 +144,14 @@ def diagnose(options: NodeOptions) -> NodeReport:
     checks.append(_kubelet_socket_check(options.kubelet_dir))
     checks.append(_plugin_socket_check(options.kubelet_dir))
     checks.append(_registered_check(options.readyz_url, options.readyz_timeout))
-    return NodeReport(inv, options, tuple(checks))
+    shares = None
+    if options.dra_checkpoint is not None:
+        shares, problem = read_shares(options.dra_checkpoint, inv.hcas, options.read_deadline)
+        if problem is not None:
+            checks.append(problem)
+        elif shares is not None:
+            checks.append(shares_check(shares))
+    return NodeReport(inv, options, tuple(checks), shares)
 
 
 # -------------------------------------------------------------------------------- HCAs
@@ -318,6 +343,9 @@ def report_text(report: NodeReport) -> str:
     if rows:
         parts.append(table(["HCA", "PORT", "LINK", "STATE", "LAYER", "RATE", "NETDEV",
                             "DEVICE NODES", "NUMA", "PCIE ROOT"], rows))
+    if report.shares is not None:
+        parts.append(table(["HCA", "BANDWIDTH HELD", "OF", "CLAIMS", "HELD BY"],
+                           shares_rows(report.shares)))
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
@@ -351,6 +379,7 @@ def report_json(report: NodeReport) -> dict[str, Any]:
         ],
         "stalled": list(inv.stalled),
         "warnings": list(inv.warnings),
+        "draShares": None if report.shares is None else shares_json(report.shares),
         "checks": checks_json(report.checks),
         "error": None,
     }

@@ -1,0 +1,143 @@
+"""Who holds how much of each HCA, for ``doctor --node``: the DRA driver's checkpoint.
+
+The checkpoint lists the claims prepared on this node and, per device, the shares the
+scheduler allocated with the bandwidth each consumed (DRAConsumableCapacity). It is read
+with the driver's own format reader (``kit/dra_checkpoint``), bounded by the read
+deadline like every read of the machine: a file on a hung disk is a failed check, not a
+doctor that never ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE, CheckpointError, Claims, load_checkpoint
+from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.node.model import Hca
+from rdma_hca.tools.doctor.result import Check
+
+SUBJECT = "node"
+
+
+def checkpoint_path(plugins_dir: str, driver: str) -> Path:
+    """``<plugins dir>/<driver name>/checkpoint.json``, where the driver keeps it."""
+    return Path(plugins_dir) / driver / CHECKPOINT_FILE
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    namespace: str
+    name: str
+    uid: str
+    bandwidth: int  # bits per second, summed over the claim's shares of the HCA
+    shares: tuple[str, ...]  # the shareIDs
+
+
+@dataclass(frozen=True, slots=True)
+class HcaShares:
+    hca: str
+    rate: int | None  # the HCA's rate in bits per second, None when unknown
+    holders: tuple[Holder, ...]
+
+    @property
+    def held(self) -> int:
+        return sum(h.bandwidth for h in self.holders)
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    path: Path
+    hcas: tuple[HcaShares, ...]  # every HCA of the node, and any a claim holds that is gone
+    claims: int
+
+
+def _load(path: Path) -> Claims | None:
+    if not os.path.exists(path):
+        return None
+    claims, _ = load_checkpoint(str(path))
+    return claims
+
+
+def _read(path: Path, deadline: float) -> Claims | None:
+    async def bounded() -> Claims | None:
+        return await OffLoop(deadline).run(f"reading {path}", lambda: _load(path))
+
+    return asyncio.run(bounded())
+
+
+def read_shares(path: Path, hcas: Sequence[Hca], deadline: float
+                ) -> tuple[Shares | None, Check | None]:
+    """The shares in the checkpoint at ``path``; no file: nothing (the DRA driver is off
+    here, or has prepared nothing yet). A file that cannot be read is a failed check."""
+    try:
+        claims = _read(path, deadline)
+    except Stalled:
+        return None, Check(SUBJECT, "DRA checkpoint", False,
+                           f"{path} did not answer within {deadline:g} s",
+                           "check the disk holding the kubelet's plugins directory (dmesg)")
+    except CheckpointError as exc:
+        return None, Check(SUBJECT, "DRA checkpoint", False, str(exc),
+                           "the DRA driver moves a damaged checkpoint aside and rebuilds it "
+                           "from its CDI specs when it starts: restart its pod")
+    if claims is None:
+        return None, None
+    rates = {h.name: h.rate_bps for h in hcas}
+    held: dict[str, list[Holder]] = {h.name: [] for h in hcas}
+    for uid, claim in sorted(claims.items(), key=lambda c: (c[1].namespace, c[1].name)):
+        by_hca: dict[str, list[str]] = {}
+        bits: dict[str, int] = {}
+        for d in claim.devices:
+            if not d.bandwidth and d.hca not in held:
+                continue  # the node-wide device: no bandwidth, no one HCA
+            by_hca.setdefault(d.hca, []).extend(s.share_id for s in d.shares)
+            bits[d.hca] = bits.get(d.hca, 0) + d.bandwidth
+        for hca, shares in by_hca.items():
+            held.setdefault(hca, []).append(
+                Holder(claim.namespace, claim.name, uid, bits[hca], tuple(shares)))
+    out = tuple(HcaShares(name, rates.get(name), tuple(hs)) for name, hs in held.items())
+    return Shares(path, out, len(claims)), None
+
+
+def gbps(bits: int | None) -> str:
+    return "-" if bits is None else f"{bits / 1e9:g}G"
+
+
+def shares_rows(shares: Shares) -> list[list[str]]:
+    rows = []
+    for h in shares.hcas:
+        who = ", ".join(f"{c.namespace}/{c.name} {gbps(c.bandwidth)}" for c in h.holders)
+        rows.append([h.hca, gbps(h.held), gbps(h.rate), str(len(h.holders)), who or "-"])
+    return rows
+
+
+def shares_json(shares: Shares) -> dict[str, Any]:
+    return {
+        "checkpoint": str(shares.path),
+        "claims": shares.claims,
+        "hcas": [
+            {"name": h.hca, "heldBitsPerSecond": h.held, "rateBitsPerSecond": h.rate,
+             "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
+                         "bandwidthBitsPerSecond": c.bandwidth, "shareIDs": list(c.shares)}
+                        for c in h.holders]}
+            for h in shares.hcas
+        ],
+    }
+
+
+def shares_check(shares: Shares) -> Check:
+    """Passes unless claims hold more of an HCA than its rate (its rate fell since)."""
+    over = [h for h in shares.hcas if h.rate is not None and h.held > h.rate]
+    if over:
+        return Check(SUBJECT, "DRA bandwidth", False,
+                     "; ".join(f"{h.hca}: {gbps(h.held)} held of {gbps(h.rate)}"
+                               for h in over),
+                     "the port runs slower than when the claims were placed: check its "
+                     "link (ibstat), or move a claim's pod to another node")
+    holding = sum(1 for h in shares.hcas if h.held)
+    return Check(SUBJECT, "DRA bandwidth", True,
+                 f"{shares.claims} prepared claim(s); {holding} HCA(s) with bandwidth held")
