@@ -10,16 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_hca.daemon.offer.health import hca_healthy
+from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.config import Mode
 
 STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name
+FLAPPING = "flapping"  # the taint's value while the HCA is held for flapping
 DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
 
@@ -52,8 +53,9 @@ def _label(name: str) -> str:
 
 
 
-def link_state(hca: Hca) -> str:
-    return "up" if hca.any_port_up else "down"
+def link_state(hca: Hca, held: Collection[str]) -> str:
+    """Held for flapping, it reads down: the slice stays as it is while the port flaps."""
+    return "up" if hca_up(hca, held) else "down"
 
 
 def _rate_gbps(hca: Hca) -> int | None:
@@ -66,7 +68,8 @@ def _link_layer(hca: Hca) -> str | None:
     return ",".join(layers) if layers else None
 
 
-def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
+def attributes(hca: Hca, driver: str,
+               held: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     attrs: dict[str, dict[str, Any]] = {}
 
     def put(key: str, kind: str, value: object) -> None:
@@ -86,18 +89,20 @@ def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
     put(f"{driver}/nodeGUID", "string", hca.node_guid)
     put(f"{driver}/roceV2IPv6", "bool", any(
         g.is_roce_v2 and g.kind.value == "global-ipv6" for p in hca.ports for g in p.gids))
-    put(f"{driver}/linkState", "string", link_state(hca))
+    put(f"{driver}/linkState", "string", link_state(hca, held))
     return attrs
 
 
-def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver)}
+def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool,
+           held: Collection[str] = ()) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver, held)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
     # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
     # node's, not the device's, and shows in the health stream instead.
-    if taints and not (hca.usable and hca.any_port_up):
-        entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": link_state(hca),
+    if taints and not (hca.usable and hca_up(hca, held)):
+        value = FLAPPING if hca.name in held else link_state(hca, held)
+        entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": value,
                             "effect": "NoSchedule"}]
     return entry
 
@@ -110,18 +115,19 @@ class Offer:
     devices: Sequence[dict[str, Any]]
     digest: str
     rdma_cm: CharDevice | None = None
+    held: frozenset[str] = field(default=frozenset())  # HCAs held for flapping
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
-              rdma_cm: CharDevice | None) -> Offer:
+              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset()) -> Offer:
         names = device_names(h.name for h in hcas)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
-        devices = [device(h, n, driver, mode, taints) for n, h in by_device.items()]
-        return cls(by_device, devices, digest(devices), rdma_cm)
+        devices = [device(h, n, driver, mode, taints, held) for n, h in by_device.items()]
+        return cls(by_device, devices, digest(devices), rdma_cm, held)
 
     def health(self) -> dict[str, bool]:
         """Each device's health as the device plugin judges its HCA (``offer.health``)."""
-        return {n: hca_healthy(h, self.rdma_cm) for n, h in self.hcas.items()}
+        return {n: hca_healthy(h, self.rdma_cm, self.held) for n, h in self.hcas.items()}
 
 
 def digest(devices: Sequence[Mapping[str, Any]]) -> str:
