@@ -21,7 +21,7 @@ from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory, Port
 from rdma_hca.settings.config import BY_KEY, Mode, PoolConfig, Settings
 
-HOLD = 30.0
+HOLD = 20.0  # not the default: the daemon must pass its setting on
 R = "rdma/hca"
 
 
