@@ -424,7 +424,12 @@ async def test_inventory_follows_rapid_port_flaps(daemon: Daemon, kubelet: Kubel
             lambda u=up: daemon.inventory is not None
             and any(h.name == "mlx5_0" and h.ports[0].is_up == u for h in daemon.inventory.hcas),
             5), f"the daemon never saw mlx5_0 {'up' if up else 'down'}"
-    await kubelet.wait_for(lambda: kubelet.allocatable(R) == (1000 if up else 0))
+    assert up and daemon.inventory is not None and daemon.inventory.held == {"mlx5_0"}
+    # Up, but held for flapping: Unhealthy until the hold ends (its clock moved by hand).
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 0)
+    clock = daemon.health.flaps.clock
+    daemon.health.flaps.clock = lambda: clock() + daemon.settings.flap_hold_seconds
+    await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
 
 
 async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(

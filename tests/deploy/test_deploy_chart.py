@@ -216,6 +216,7 @@ def test_default_config_content(render: RenderFn) -> None:
         "unhealthyWhen": "any",
         "selectors": {},
         "nonHostNetwork": False,
+        "flapHoldSeconds": 30,
         "ncclEnv": "auto",
         "metricsAddress": ":9478",
         "logFormat": "text",
@@ -230,9 +231,10 @@ def test_custom_values_reach_the_config(render: RenderFn, tmp_path: Path) -> Non
         "unhealthyWhen": "all", "nonHostNetwork.enabled": "true", "ncclEnv": "true",
         "logFormat": "json", "logLevel": "debug", "metrics.port": "9100",
         "selectors.linkLayers[0]": "InfiniBand", "selectors.names[0]": "mlx5_1",
-        "selectors.pciVendors[0]": "0x15b3",
+        "selectors.pciVendors[0]": "0x15b3", "flapHoldSeconds": "5",
     })
     cfg = config(objs)
+    assert cfg["flapHoldSeconds"] == 5
     assert cfg["resourceName"] == "example.com/rdma"
     assert cfg["rdmaHcaMax"] == 64
     assert cfg["mode"] == "exclusive"

@@ -95,6 +95,7 @@ class Daemon:
             self.runtimes,
             self.reader,
             poll_seconds=settings.health_poll_seconds,
+            flap_hold_seconds=settings.flap_hold_seconds,
             **health_kw,
         )
         # The DRA driver, beside or instead of the device plugin pools. lightkube is

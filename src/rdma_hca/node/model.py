@@ -159,3 +159,6 @@ class NodeInventory:
     # the HCAs they belong to read with their ports UNKNOWN.
     stalled: tuple[str, ...] = ()
     gpus: tuple[Gpu, ...] = ()
+    # Names of the HCAs whose ports flapped lately: they count as down until stable
+    # (the daemon's flap hold fills it in; discovery leaves it empty).
+    held: frozenset[str] = frozenset()

@@ -27,6 +27,7 @@ from rdma_hca.settings.model import (
     DEFAULT_DRA_DRIVER_NAME,
     DEFAULT_DRA_RESYNC_SECONDS,
     DEFAULT_DRA_START_JITTER_SECONDS,
+    DEFAULT_FLAP_HOLD_SECONDS,
     DEFAULT_HEALTH_POLL_SECONDS,
     DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_ROOT,
@@ -193,6 +194,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- timing ------------------------------------------------------------------------
     _s("healthPollSeconds", Kind.FLOAT, DEFAULT_HEALTH_POLL_SECONDS,
        "how often port state is read from sysfs, seconds", minimum=0.05, maximum=60),
+    _s("flapHoldSeconds", Kind.FLOAT, DEFAULT_FLAP_HOLD_SECONDS,
+       "an HCA whose ports changed 4 times within 10 s counts as down (Unhealthy, tainted) "
+       "until a port has been up this long, seconds", minimum=1, maximum=600),
     _s("resendSeconds", Kind.FLOAT, DEFAULT_RESEND_SECONDS,
        "the device list is sent to the kubelet again this often, seconds",
        minimum=1, maximum=3600, zero_off=True),

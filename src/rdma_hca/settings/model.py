@@ -24,6 +24,7 @@ DEFAULT_KUBELET_DIR = DEFAULT_KUBELET_ROOT + "/device-plugins"
 DEFAULT_DRA_DRIVER_NAME = "rdma-hca.io"
 DEFAULT_READ_DEADLINE_SECONDS = 5.0
 DEFAULT_HEALTH_POLL_SECONDS = 0.5
+DEFAULT_FLAP_HOLD_SECONDS = 30.0
 DEFAULT_RESEND_SECONDS = 30.0
 DEFAULT_HTTP_MAX_CONNECTIONS = 64
 # client-go's rest.Config defaults (DefaultQPS, DefaultBurst).
@@ -198,6 +199,7 @@ class Settings:
     non_host_network: bool = False
     nccl_env: NcclEnv = NcclEnv.AUTO
     health_poll_seconds: float = DEFAULT_HEALTH_POLL_SECONDS
+    flap_hold_seconds: float = DEFAULT_FLAP_HOLD_SECONDS
     resend_seconds: float = DEFAULT_RESEND_SECONDS
     read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SECONDS
     metrics_address: str = DEFAULT_METRICS_ADDRESS

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import math
 from pathlib import Path
 from typing import Any
 
-import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
@@ -199,25 +196,68 @@ async def test_api_server_errors_are_retried_never_fatal(
     assert await stage.until(lambda: driver.publish_error is None)
 
 
-@pytest.mark.slow
-async def test_a_flapping_port_is_damped_and_its_last_state_published(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
-    assert stage.driver is not None and stage.driver.publisher is not None
-    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
-    spacing = stage.driver.publisher.damper.spacing
-    writes = len(stage.api.writes())
-    up, flips = True, 0
-    while flips < 60:  # 6 s of a port flapping every 100 ms
-        up = not up
-        dra_node.set_port("mlx5_2", up=up)
-        flips += 1
-        await asyncio.sleep(0.1)
-    # At most the first write, then one per spacing (counted, whatever the machine's speed).
-    assert len(stage.api.writes()) - writes <= 1 + math.ceil(6.0 / spacing)
-    assert await stage.until(lambda: ("taints" in stage.devices()["mlx5-2"]) == (not up))
-    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle
-                             and stage.driver.offer.digest
-                             == stage.driver.publisher.published_digest)  # type: ignore[union-attr]
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _taint(stage: DraStage, device: str) -> str | None:
+    taints = stage.devices().get(device, {}).get("taints") or []
+    return str(taints[0]["value"]) if taints else None
+
+
+async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
+        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    hold = 30.0
+    async with DraStage(dra_node, tmp_path / "s", api=api, flap_hold_seconds=hold) as s:
+        assert s.driver is not None and s.watcher is not None and await s.registered()
+        clock = Clock()
+        s.watcher.flaps.clock = clock
+        driver = s.driver
+        assert driver.publisher is not None
+        driver.publisher.damper.spacing = 0.5  # the test's pace; the order is the same
+
+        def seen(up: bool) -> bool:
+            inv = s.watcher.inventory if s.watcher else None
+            return inv is not None and any(h.name == "mlx5_2" and h.any_port_up == up
+                                           for h in inv.hcas)
+
+        async def flip(up: bool) -> None:
+            clock.now += 0.1
+            dra_node.set_port("mlx5_2", up=up)
+            assert await s.until(lambda: seen(up))
+
+        assert await s.until(lambda: driver.idle)
+        # A lone change goes out at once, and so does the way back.
+        await flip(False)
+        assert await s.until(lambda: _taint(s, "mlx5-2") == "down")
+        await flip(True)
+        assert await s.until(lambda: _taint(s, "mlx5-2") is None)
+        # Two more changes make a flap: tainted, and held so though the port is up.
+        await flip(False)
+        assert await s.until(lambda: _taint(s, "mlx5-2") == "down")  # newly down: at once
+        await flip(True)
+        assert await s.until(lambda: _taint(s, "mlx5-2") == "flapping")
+        assert _attr(s.devices()["mlx5-2"], f"{DRIVER}/linkState") == "down"
+        assert driver.board.health["mlx5-2"] is False  # the kubelet's health stream too
+        assert await s.until(lambda: driver.idle)
+        # While held, the port flapping on costs no write at all.
+        writes = len(api.writes())
+        for i in range(10):
+            await flip(i % 2 == 1)
+        assert await s.until(lambda: driver.idle)
+        assert len(api.writes()) == writes and _taint(s, "mlx5-2") == "flapping"
+        # Up, but short of the hold since it last came up: still held.
+        clock.now += hold - 1
+        assert await s.watcher.release_holds() is False
+        assert _taint(s, "mlx5-2") == "flapping"
+        clock.now += 1
+        assert await s.until(lambda: _taint(s, "mlx5-2") is None)
+        assert _attr(s.devices()["mlx5-2"], f"{DRIVER}/linkState") == "up"
+        assert len(api.writes()) == writes + 1
 
 
 async def test_the_driver_owns_its_slices_by_its_node_and_writes_without_listing(

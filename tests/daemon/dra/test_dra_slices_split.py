@@ -14,7 +14,13 @@ import pytest
 
 from rdma_hca.daemon.dra.devices import Offer, digest
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.slices import Damper, SlicePublisher, fit_device, split
+from rdma_hca.daemon.dra.slices import (
+    Damper,
+    PublishSignals,
+    SlicePublisher,
+    fit_device,
+    split,
+)
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.sriov import sriov_node
 from rdma_hca.node.discovery import discover_node
@@ -187,17 +193,11 @@ class Host:
     def __init__(self, offer: Offer) -> None:
         self.offer = offer
         self.taints = True
-        self.publish_error: str | None = None
-        self.publish_passes = 0
-        self.published = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._wake.set()
-        self._check = True
-        self._publishing = False
-        self._stopping = False
+        self.signals = PublishSignals()
+        self.signals.poke()
 
-    def _rebuild(self) -> None:
-        pass
+    def drop_taints(self) -> None:
+        self.taints = False
 
 
 async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
@@ -213,7 +213,7 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     api.fail(500, path="/resourceslices")  # the first LIST fails: backoff, then again
     task = asyncio.create_task(publisher.run(host))
     try:
-        assert await asyncio.wait_for(host.published.wait(), 10)
+        assert await asyncio.wait_for(host.signals.published.wait(), 10)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,4 +221,4 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     assert 0 <= waits[0] <= 8.0 and waits[0] == random.Random(7).uniform(0, 8.0)
     assert 0.1 <= waits[1] <= 0.2  # the backoff after the 500
     assert [s["spec"]["devices"] for s in mine(api)] == [[dev(0)]]
-    assert host.publish_error is None and host.publish_passes == 1
+    assert host.signals.error is None and host.signals.passes == 1

@@ -107,6 +107,14 @@ async def test_a_flapping_link_is_coalesced_and_its_final_state_reaches_the_kube
         assert d.status().state_changes[("mlx5_0", 1)] >= 1
         node.set_port("mlx5_0", 1, up=True)
         events.queue.put_nowait(NetdevEvent("link", netdev))
+        # Back up, but held for flapping until it has been up for the hold time (the
+        # hold's clock is moved by hand): then the kubelet sees it, with no event or poll.
+        assert await wait_until(lambda: d.health.inventory is not None and any(
+            h.name == "mlx5_0" and h.any_port_up for h in d.health.inventory.hcas), 5)
+        assert d.health.inventory is not None and d.health.inventory.held == {"mlx5_0"}
+        assert state.healthy_count() == 0 and kubelet.allocatable(R) == 0
+        clock = d.health.flaps.clock
+        d.health.flaps.clock = lambda: clock() + d.settings.flap_hold_seconds
         await kubelet.wait_for(lambda: kubelet.allocatable(R) == 1000)
     finally:
         await d.stop()

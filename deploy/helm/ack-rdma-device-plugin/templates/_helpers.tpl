@@ -236,6 +236,7 @@ selectors: {}
 {{- end }}
 {{- end }}
 nonHostNetwork: {{ .Values.nonHostNetwork.enabled }}
+flapHoldSeconds: {{ .Values.flapHoldSeconds }}
 ncclEnv: {{ .Values.ncclEnv | toJson }}
 metricsAddress: {{ ternary (include "rdma.metricsAddress" .) "" .Values.metrics.enabled | quote }}
 logFormat: {{ .Values.logFormat }}

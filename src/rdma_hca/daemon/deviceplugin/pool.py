@@ -89,6 +89,8 @@ class PoolView:
     # HCAs this pool held earlier and that are gone now (driver unload, hot-unplug):
     # their last known records. They count as down until they come back.
     missing: tuple[Hca, ...] = ()
+    # HCAs held down for flapping (``watch.flaps``): Unhealthy until stable.
+    held: frozenset[str] = frozenset()
     # Allocate answers by HCA set. A view never changes, so neither do its answers, and
     # in shared mode every ID gets the same one: build it once, not on every call.
     _answers: dict[tuple[str, ...], Allocation] = field(
@@ -120,19 +122,22 @@ class PoolView:
                 out.append(f"{h.name}: device node {h.uverbs.path} is missing")
             if not h.any_port_up:
                 out.append(f"{h.name}: no port is up ({_port_summary(h)})")
+            elif h.name in self.held:
+                out.append(f"{h.name}: its ports flapped; counts as down until a port "
+                           "stays up for flapHoldSeconds")
         return out
 
     def shared_healthy(self) -> bool:
         if not self.hcas:
             return False
         # A missing HCA is one more that is down.
-        ok = [hca_healthy(h, self.rdma_cm) for h in self.hcas] + [False] * len(self.missing)
+        ok = [self.hca_healthy(h) for h in self.hcas] + [False] * len(self.missing)
         if self.config.unhealthy_when is UnhealthyWhen.ALL:
             return any(ok)
         return all(ok)
 
     def hca_healthy(self, hca: Hca) -> bool:
-        return hca_healthy(hca, self.rdma_cm)
+        return hca_healthy(hca, self.rdma_cm, self.held)
 
     # --- what ListAndWatch advertises ------------------------------------------------
 
@@ -270,7 +275,8 @@ def _single_numa(hcas: Sequence[Hca]) -> tuple[int, ...]:
 def select(config: PoolConfig, inventory: NodeInventory, *, env: EnvSettings = NO_NCCL_ENV,
            cdi: bool = False, missing: Sequence[Hca] = ()) -> PoolView:
     hcas = tuple(h for h in inventory.hcas if config.selectors.matches(h))
-    return PoolView(config, hcas, inventory.rdma_cm, env=env, cdi=cdi, missing=tuple(missing))
+    return PoolView(config, hcas, inventory.rdma_cm, env=env, cdi=cdi, missing=tuple(missing),
+                    held=inventory.held & {h.name for h in hcas})
 
 
 def shared_ids(count: int) -> list[str]:

@@ -9,7 +9,8 @@ other's claims. The same lock file holds one lock per claim, so a claim is prepa
 unprepared by one instance at a time. Open-file-description locks (not the classic
 per-process ``lockf``) belong to the descriptor: they exclude two instances even
 within one process, and closing some other descriptor of the file drops none of them.
-Everything here blocks: the driver calls it off the loop.
+Everything here blocks: the driver calls it off the loop, and commits the changes of
+claims that are ready at the same moment in one write (``groupcommit.py``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ log = logging.getLogger(__name__)
 _FILE_LOCK = 0  # byte 0 of the lock file: the checkpoint itself; claims lock bytes 1..2^48
 
 
-def save_checkpoint(path: str, claims: Mapping[str, PreparedClaim]) -> None:
-    write_atomic(path, encode(claims), mode=0o600)
+def write_file(path: str, text: str) -> None:
+    """Replace the file in one rename, after an fsync."""
+    write_atomic(path, text, mode=0o600)
 
 
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock), padding.
@@ -83,9 +85,12 @@ class Checkpoint:
     on one claim twice at a time.
     """
 
-    def __init__(self, path: str, lock_path: str) -> None:
+    def __init__(self, path: str, lock_path: str, *,
+                 write: Callable[[str, str], None] = write_file) -> None:
         self.path = path
         self.lock_path = lock_path
+        self.write = write  # (path, text): one durable write of the whole file
+        self.writes = 0  # whole-file writes made (each one fsync)
         self._fd: int | None = None
         self._local = threading.Lock()
         self.written: FileId | None = None  # the version this instance wrote last
@@ -150,7 +155,8 @@ class Checkpoint:
                 before = dict(claims)
                 change(claims)
                 if force or claims != before:
-                    save_checkpoint(self.path, claims)
+                    self.writes += 1
+                    self.write(self.path, encode(claims))
                     self.written = _file_id(self.path)
                     if self.written is not None:
                         self._cache = (self.written, dict(claims))

@@ -35,6 +35,7 @@ from rdma_hca.daemon.dra.checkpoint import (
 )
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import BANDWIDTH
+from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.dirwatch import watch_dir
@@ -188,6 +189,7 @@ class ClaimKeeper:
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
         self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
+        self.commits = GroupCommit(self.checkpoint, self._run, lambda: self.prepared)
         self.hook_failures = 0
         self.lock_waits = 0  # times a claim's lock was held by another instance
         self.device_waits = 0  # times an exclusive device was busy with another claim
@@ -407,27 +409,30 @@ class ClaimKeeper:
                              f"not {uid}: it was deleted and created again")
         prepared, hcas = self._plan(claim)
         meta, spec = self._files_of(uid, prepared, hcas, metadata.pod_claim_name(claim.source))
-        fallback = dict(self.prepared)
+        spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
 
-        def commit() -> None:
+        def write_files() -> None:
             metadata.write(meta)  # before the spec that mounts them
             try:
-                files.write_claim_spec(self.config.cdi_spec_dir, self.config.driver_name, uid,
-                                       spec)
-                try:
-                    self.checkpoint.update(lambda c: c.__setitem__(uid, prepared), fallback)
-                except BaseException:
-                    # Without its checkpoint entry a restart would forget the claim: undo.
-                    files.remove_claim_spec(self.config.cdi_spec_dir, self.config.driver_name,
-                                            uid)
-                    raise
+                files.write_claim_spec(spec_dir, driver, uid, spec)
             except BaseException:
                 metadata.undo(meta)
                 raise
 
+        def undo_files() -> None:
+            files.remove_claim_spec(spec_dir, driver, uid)
+            metadata.undo(meta)
+
         async with self._devices_locked([d.device for d in prepared.devices]):
             try:
-                await self._run(f"writing the CDI spec and checkpoint of claim {uid}", commit)
+                await self._run(f"writing the CDI spec of claim {uid}", write_files)
+                try:
+                    # Answered once the entry is durable, in the batch of its moment.
+                    await self.commits.apply(lambda c: c.__setitem__(uid, prepared))
+                except BaseException:
+                    # Without its checkpoint entry a restart would forget the claim: undo.
+                    await self._run(f"removing the CDI spec of claim {uid}", undo_files)
+                    raise
             except OSError as exc:
                 raise ClaimError(f"cannot write the CDI spec or the checkpoint: {exc}") from exc
         self.prepared[uid] = prepared
@@ -537,29 +542,23 @@ class ClaimKeeper:
     async def _unprepare(self, ref: ClaimRef) -> str:
         uid = ref.uid
         driver, spec_dir = self.config.driver_name, self.config.cdi_spec_dir
-        fallback = dict(self.prepared)
-        fallback.pop(uid, None)
         known_here = uid in self.prepared
 
-        def commit() -> bool:
+        def remove_files() -> None:
             # Removed even when unknown: a crash may fall between spec and checkpoint.
             files.remove_claim_spec(spec_dir, driver, uid)
             metadata.remove(self.config.plugin_dir, ref.namespace, ref.name, uid)
-            removed = [False]
 
-            def drop(claims: Claims) -> None:
-                removed[0] = claims.pop(uid, None) is not None
-
-            if known_here or self._rolling:
-                self.checkpoint.update(drop, fallback)
-            return removed[0]
+        def drop(claims: Claims) -> bool:
+            return claims.pop(uid, None) is not None
 
         known = self.prepared.get(uid)
         devices = [d.device for d in known.devices] if known is not None else []
         try:
             async with self._claim_locked(uid), self._devices_locked(devices):
-                was = await self._run(f"removing the CDI spec and checkpoint entry of claim "
-                                      f"{uid}", commit)
+                await self._run(f"removing the CDI spec of claim {uid}", remove_files)
+                was = (await self.commits.apply(drop)
+                       if known_here or self._rolling else False)
         except Exception as exc:
             log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(uid), exc,

@@ -24,12 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from rdma_hca.daemon.offer.health import hca_healthy
+from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
@@ -37,6 +37,7 @@ from rdma_hca.settings.config import DEFAULT_RDMA_HCA_MAX, Mode
 
 STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name
+FLAPPING = "flapping"  # the taint's value while the HCA is held for flapping
 DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
 KIND = "kind"  # qualified with the driver name
@@ -80,8 +81,9 @@ def _unused_label(name: str) -> str:
 
 
 
-def link_state(hca: Hca) -> str:
-    return "up" if hca.any_port_up else "down"
+def link_state(hca: Hca, held: Collection[str]) -> str:
+    """Held for flapping, it reads down: the slice stays as it is while the port flaps."""
+    return "up" if hca_up(hca, held) else "down"
 
 
 def _rate_gbps(hca: Hca) -> int | None:
@@ -120,7 +122,8 @@ def _link_layer(hca: Hca) -> str | None:
     return ",".join(layers) if layers else None
 
 
-def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
+def attributes(hca: Hca, driver: str,
+               held: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     attrs: dict[str, dict[str, Any]] = {}
 
     def put(key: str, kind: str, value: object) -> None:
@@ -141,12 +144,13 @@ def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
     put(f"{driver}/nodeGUID", "string", hca.node_guid)
     put(f"{driver}/roceV2IPv6", "bool", any(
         g.is_roce_v2 and g.kind.value == "global-ipv6" for p in hca.ports for g in p.gids))
-    put(f"{driver}/linkState", "string", link_state(hca))
+    put(f"{driver}/linkState", "string", link_state(hca, held))
     return attrs
 
 
-def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver)}
+def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool,
+           held: Collection[str] = ()) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver, held)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
         # Exclusive devices publish none: a request policy needs allowMultipleAllocations,
@@ -155,8 +159,9 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[s
             entry["capacity"] = cap
     # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
     # node's, not the device's, and shows in the health stream instead.
-    if taints and not (hca.usable and hca.any_port_up):
-        entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": link_state(hca),
+    if taints and not (hca.usable and hca_up(hca, held)):
+        value = FLAPPING if hca.name in held else link_state(hca, held)
+        entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": value,
                             "effect": "NoSchedule"}]
     return entry
 
@@ -171,15 +176,17 @@ def hca_device_names(names: Iterable[str], *, node_device: bool) -> dict[str, st
     return out
 
 
-def node_attributes(hcas: Sequence[Hca], driver: str) -> dict[str, dict[str, Any]]:
+def node_attributes(hcas: Sequence[Hca], driver: str,
+                    held: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     usable = every_usable(hcas)
-    up = any(h.any_port_up for h in usable)
+    up = any(hca_up(h, held) for h in usable)
     return {f"{driver}/{KIND}": {"string": KIND_NODE},
             f"{driver}/hcaCount": {"int": len(usable)},
             f"{driver}/linkState": {"string": "up" if up else "down"}}
 
 
-def node_device(hcas: Sequence[Hca], driver: str, taints: bool) -> dict[str, Any]:
+def node_device(hcas: Sequence[Hca], driver: str, taints: bool,
+                held: Collection[str] = ()) -> dict[str, Any]:
     """The node-wide device: every usable HCA, for any number of pods at once.
 
     ``allowMultipleAllocations`` lets every pod's claim have it; the ``slots`` capacity
@@ -188,12 +195,12 @@ def node_device(hcas: Sequence[Hca], driver: str, taints: bool) -> dict[str, Any
     port down still leaves the others, as the device plugin's slots keep being given.
     """
     entry: dict[str, Any] = {
-        "name": NODE_DEVICE, "attributes": node_attributes(hcas, driver),
+        "name": NODE_DEVICE, "attributes": node_attributes(hcas, driver, held),
         "allowMultipleAllocations": True,
         "capacity": {f"{driver}/{SLOTS}": {
             "value": str(NODE_SLOTS),
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}}}}}
-    if taints and not any(h.usable and h.any_port_up for h in hcas):
+    if taints and not any(h.usable and hca_up(h, held) for h in hcas):
         entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": "down",
                             "effect": "NoSchedule"}]
     return entry
@@ -210,20 +217,21 @@ class Offer:
     # Devices that stand for several HCAs (the node-wide one, in shared mode) -> every
     # selected HCA in the inventory's order, which is the device plugin's order too.
     groups: Mapping[str, tuple[Hca, ...]] = field(default_factory=dict)
+    held: frozenset[str] = field(default=frozenset())  # HCAs held for flapping
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
-              rdma_cm: CharDevice | None) -> Offer:
+              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset()) -> Offer:
         # Exclusive mode keeps one HCA per unit: a device every pod shares has no place.
         node_wide = mode is Mode.SHARED and bool(hcas)
         names = hca_device_names((h.name for h in hcas), node_device=node_wide)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
-        devices = [device(h, n, driver, mode, taints) for n, h in by_device.items()]
+        devices = [device(h, n, driver, mode, taints, held) for n, h in by_device.items()]
         groups: dict[str, tuple[Hca, ...]] = {}
         if node_wide:
-            devices.append(node_device(hcas, driver, taints))
+            devices.append(node_device(hcas, driver, taints, held))
             groups[NODE_DEVICE] = tuple(hcas)
-        return cls(by_device, devices, digest(devices), rdma_cm, groups)
+        return cls(by_device, devices, digest(devices), rdma_cm, groups, held)
 
     def bandwidth(self) -> dict[str, int]:
         """Each HCA's published bandwidth (by HCA name), bits per second; 0 where its
@@ -235,8 +243,9 @@ class Offer:
     def health(self) -> dict[str, bool]:
         """Each device's health as the device plugin judges its HCA (``offer.health``);
         the node-wide device is healthy while one of its HCAs is."""
-        out = {n: hca_healthy(h, self.rdma_cm) for n, h in self.hcas.items()}
-        out.update({n: any_healthy(hs, self.rdma_cm) for n, hs in self.groups.items()})
+        out = {n: hca_healthy(h, self.rdma_cm, self.held) for n, h in self.hcas.items()}
+        out.update({n: any_healthy(hs, self.rdma_cm, self.held)
+                    for n, hs in self.groups.items()})
         return out
 
 

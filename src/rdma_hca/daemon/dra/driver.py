@@ -31,7 +31,7 @@ from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
-from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
+from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.unixserver import socket_path_problem
@@ -77,8 +77,8 @@ class DraDriver:
         self.config = config
         self._api = api
         self._own_api = api is None
-        self.taints = config.device_taints
-        self.offer = Offer.build((), config.driver_name, config.mode, self.taints, None)
+        self._taints = config.device_taints
+        self._offer = Offer.build((), config.driver_name, config.mode, self._taints, None)
         self.rdma_cm: CharDevice | None = None
         self.board = HealthBoard(config.pool_name)
         self._files = OffLoop(config.read_deadline)
@@ -93,15 +93,10 @@ class DraDriver:
                                             config.health_resend_seconds),
             self._on_registered)
         self.publisher: SlicePublisher | None = None
-        self.publish_error: str | None = None
-        self.published = asyncio.Event()  # set after every successful publish pass
-        self.publish_passes = 0  # successful publish passes, written or not
-        self._publishing = False
+        self._signals = PublishSignals()
         self._hcas: tuple[Hca, ...] = ()
-        self._wake = asyncio.Event()
-        self._check = True
+        self._held: frozenset[str] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
 
     # --- what others read ------------------------------------------------------------
 
@@ -135,6 +130,34 @@ class DraDriver:
         return self.sockets.registrations
 
     @property
+    def signals(self) -> PublishSignals:
+        return self._signals
+
+    @property
+    def offer(self) -> Offer:
+        return self._offer
+
+    @property
+    def taints(self) -> bool:
+        """Devices carry taints (until the API server refuses them)."""
+        return self._taints
+
+    @property
+    def publish_error(self) -> str | None:
+        """Why the last publish pass failed; None after a good one."""
+        return self._signals.error
+
+    @property
+    def published(self) -> asyncio.Event:
+        """Set after every successful publish pass."""
+        return self._signals.published
+
+    @property
+    def publish_passes(self) -> int:
+        """Successful publish passes, written or not."""
+        return self._signals.passes
+
+    @property
     def published_since_start(self) -> bool:
         return self.publish_passes > 0
 
@@ -156,13 +179,13 @@ class DraDriver:
     @property
     def idle(self) -> bool:
         """No publish pass running or due (tests and benchmarks wait for this)."""
-        return not self._publishing and not self._wake.is_set()
+        return self._signals.idle
 
     # --- life cycle ------------------------------------------------------------------
 
     async def start(self, inventory: NodeInventory | None = None) -> None:
         check_config(self.config)
-        self._stopping = False
+        self._signals.stopping = False
         if self._api is None:
             try:
                 self._api = await SliceApi.connect(self.config.kubeconfig,
@@ -186,7 +209,7 @@ class DraDriver:
             await self.update(inventory)
         await self.sockets.start()
         self._tasks = [asyncio.create_task(self._publish_loop(), name="dra-publish")]
-        self._wake.set()
+        self._signals.poke()
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
@@ -194,7 +217,7 @@ class DraDriver:
         Bounded: a task that does not end within STOP_WAIT is left behind (and named),
         so SIGTERM always ends with the sockets removed.
         """
-        self._stopping = True
+        self._signals.stopping = True
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -214,6 +237,7 @@ class DraDriver:
         """Take a new inventory: the slice, the claims and the health streams follow it."""
         hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
         self._hcas = hcas
+        self._held = inventory.held
         self.rdma_cm = inventory.rdma_cm
         self._rebuild()
         await self.board.set(self.offer.health())
@@ -232,21 +256,24 @@ class DraDriver:
         self.claims.on_unprepared = writer.on_unprepared
         self.status_writer = writer
 
+    def drop_taints(self) -> None:
+        self._taints = False
+        self._rebuild()
+
     def _rebuild(self) -> None:
-        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints,
-                            self.rdma_cm)
+        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode,
+                            self._taints, self.rdma_cm, self._held)
         self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
         self.claims.groups = offer.groups
         # Replaced even when the slice stays as it is: the health verdict also follows
         # rdma_cm, which the slice does not show.
-        changed, self.offer = offer.digest != self.offer.digest, offer
+        changed, self._offer = offer.digest != self._offer.digest, offer
         if changed:
-            self._wake.set()
+            self._signals.poke()
 
     def _on_registered(self) -> None:
         # A starting kubelet deleted this node's slices: look at the server's copy again.
-        self._check = True
-        self._wake.set()
+        self._signals.poke(check=True)
 
     # --- claims (the kubelet's calls) ------------------------------------------------
 

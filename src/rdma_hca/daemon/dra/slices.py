@@ -19,9 +19,15 @@ once per resync interval, jittered so a fleet spreads out.
 
 The pool generation is bumped as the upstream kubelet plugin helper does it: kept when at
 most one existing slice changes and none is added or removed, one up otherwise (and then
-every slice is written with it). While a port flaps, writes are spaced (``Damper``): the
-first change of a quiet node goes out at once, the next no sooner than ``spacing`` later,
-and the last state always goes out.
+every slice is written with it). Writes are spaced (``Damper``): the first change of a
+quiet node goes out at once, the next no sooner than ``spacing`` later, and the last
+state always goes out; a device newly down (tainted, or ``linkState: down``) never waits
+for the spacing. A flapping port does not keep the slice moving: the health watcher holds
+its HCA down until it is stable (``watch.flaps``), so its device stays as it is.
+
+The loop and the driver share a :class:`PublishSignals` (wake-ups, check requests and
+the outcome the driver's readiness and metrics read); the loop sees nothing else of the
+driver but :class:`PublishHost`.
 """
 
 from __future__ import annotations
@@ -67,21 +73,56 @@ class SliceClient(Protocol):
     async def get_node(self, name: str) -> dict[str, Any]: ...
 
 
+class PublishSignals:
+    """What the driver and its publishing loop tell each other."""
+
+    def __init__(self) -> None:
+        self.wake = asyncio.Event()  # the offer changed, or a check is asked for
+        self.stopping = False
+        self.running = False  # a publish pass is under way
+        self.error: str | None = None  # why the last pass failed; None after a good one
+        self.passes = 0  # successful publish passes, written or not
+        self.published = asyncio.Event()  # set after every successful pass
+        self._check = True  # read the server's copy first (it may have changed)
+        self._poked = asyncio.Event()
+
+    def poke(self, *, check: bool = False) -> None:
+        """Publish the offer (after reading the server's copy, with ``check``)."""
+        self._check = self._check or check
+        self.wake.set()
+        self._poked.set()
+
+    async def next_poke(self) -> None:
+        """Return at the next poke (the loop's one waiter, while it spaces writes)."""
+        self._poked.clear()
+        await self._poked.wait()
+
+    def take(self) -> bool:
+        """The loop starts a pass: clears the wake-up; whether a check was asked for."""
+        self.wake.clear()
+        check, self._check = self._check, False
+        return check
+
+    @property
+    def idle(self) -> bool:
+        """No publish pass running or due."""
+        return not self.running and not self.wake.is_set()
+
+
 class PublishHost(Protocol):
-    """What the publishing loop shares with the driver: the offer, the wake-up and check
-    requests, and the outcome the driver's readiness and metrics read."""
+    """The driver, as its publishing loop sees it."""
 
-    offer: Offer
-    taints: bool
-    publish_error: str | None
-    publish_passes: int
-    published: asyncio.Event
-    _wake: asyncio.Event
-    _check: bool
-    _publishing: bool
-    _stopping: bool
+    @property
+    def signals(self) -> PublishSignals: ...
 
-    def _rebuild(self) -> None: ...
+    @property
+    def offer(self) -> Offer: ...
+
+    @property
+    def taints(self) -> bool: ...
+
+    def drop_taints(self) -> None:
+        """The API server refuses device taints: offer the devices without them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +212,7 @@ class SlicePublisher:
         self._stale: list[str] = []  # slices of this node to delete (found by a read)
         self.need_read = True
         self.published_digest: str | None = None
+        self.published_down: frozenset[str] = frozenset()  # devices down in what was published
         self.writes = 0  # creates, updates and deletes made, for metrics and benchmarks
         self.reads = 0  # LISTs of this node's slices
         self._said = Once()
@@ -335,6 +377,7 @@ class SlicePublisher:
             wrote = True
         self.generation = generation
         self.published_digest = offer.digest
+        self.published_down = down_devices(offer.devices)
         return wrote
 
     def _remember(self, index: int, stored: dict[str, Any], digest: str,
@@ -348,56 +391,83 @@ class SlicePublisher:
 
     async def run(self, host: PublishHost) -> None:
         """Publish whenever the host's offer changes or a check is due, until it stops."""
+        signals = host.signals
         if self.start_jitter > 0:
             # A fleet restarting at once (an upgrade, a control plane back) spreads out.
             await self._sleep(self._rng.uniform(0, self.start_jitter))
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX, rng=self._rng)
-        while not host._stopping:
+        while not signals.stopping:
             interval = jittered(self.resync, self.resync_jitter, self._rng) \
                 if self.resync > 0 else None
-            if not await wait_event(host._wake, interval):
-                host._check = True
-            hold = self.damper.hold(self._clock())
-            if hold > 0:
-                # Changes arriving meanwhile join this pass: a flapping port costs one
-                # write per spacing, and its last state is what goes out.
-                await self._sleep(hold)
-            host._wake.clear()
-            check, host._check = host._check, False
-            host._publishing = True
+            if not await wait_event(signals.wake, interval):
+                signals.poke(check=True)
+            # Changes arriving meanwhile join this pass, and its last state is what goes out.
+            await self._spaced(host)
+            check = signals.take()
+            signals.running = True
             try:
                 wrote = await self.publish(host.offer, check=check, taints=host.taints)
             except KubeError as exc:
                 if exc.status == 422 and "taints" in str(exc) and host.taints:
                     log.warning("the API server refuses device taints (DRADeviceTaints off?); "
                                 "marking down HCAs only by their linkState attribute")
-                    host.taints = False
-                    host._rebuild()
-                    host._check = True
-                    host._wake.set()
+                    host.drop_taints()
+                    signals.poke(check=True)
                     continue
                 message = str(exc)
-                if message != host.publish_error:
+                if message != signals.error:
                     log.error("cannot publish the ResourceSlices: %s; retrying", message)
-                host.publish_error = message
-                await self._retry_later(host, backoff)
+                signals.error = message
+                await self._retry_later(signals, backoff)
                 continue
             except Exception:
                 log.exception("publishing the ResourceSlices failed; retrying")
-                await self._retry_later(host, backoff)
+                await self._retry_later(signals, backoff)
                 continue
             finally:
-                host._publishing = False
+                signals.running = False
             if wrote:
                 self.damper.wrote(self._clock())
-            if host.publish_error is not None:
+            if signals.error is not None:
                 log.info("ResourceSlices published again")
-            host.publish_error = None
+            signals.error = None
             backoff.reset()
-            host.publish_passes += 1
-            host.published.set()
+            signals.passes += 1
+            signals.published.set()
 
-    async def _retry_later(self, host: PublishHost, backoff: Backoff) -> None:
-        host._check = True
+    async def _spaced(self, host: PublishHost) -> None:
+        """Wait out the damper's spacing; an offer with a device newly down cuts it short.
+
+        The pass after the wait publishes the offer of that moment.
+        """
+        while not self._newly_down(host.offer):
+            hold = self.damper.hold(self._clock())
+            if hold <= 0:
+                return
+            sleeper = asyncio.ensure_future(self._sleep(hold))
+            poked = asyncio.ensure_future(host.signals.next_poke())
+            try:
+                await asyncio.wait({sleeper, poked}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (sleeper, poked):
+                    t.cancel()
+            if sleeper.done() and not sleeper.cancelled():
+                return
+
+    def _newly_down(self, offer: Offer) -> bool:
+        return bool(down_devices(offer.devices) - self.published_down)
+
+    async def _retry_later(self, signals: PublishSignals, backoff: Backoff) -> None:
         await self._sleep(backoff.next())
-        host._wake.set()
+        signals.poke(check=True)
+
+
+def down_devices(devices: Sequence[dict[str, Any]]) -> frozenset[str]:
+    """Names of the devices that are tainted or whose linkState says down."""
+    out = []
+    for d in devices:
+        state = next((v.get("string") for k, v in (d.get("attributes") or {}).items()
+                      if k.endswith("/linkState")), None)
+        if d.get("taints") or state == "down":
+            out.append(str(d["name"]))
+    return frozenset(out)

@@ -9,7 +9,7 @@ same device nodes and variables).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from rdma_hca.daemon.offer.health import hca_healthy
 from rdma_hca.node.model import CharDevice, Hca
@@ -22,6 +22,8 @@ def every_usable(hcas: Iterable[Hca]) -> tuple[Hca, ...]:
     return tuple(h for h in hcas if h.usable)
 
 
-def any_healthy(hcas: Iterable[Hca], rdma_cm: CharDevice | None) -> bool:
-    """A shared unit is worth placing a pod on while one of its HCAs can carry traffic."""
-    return any(hca_healthy(h, rdma_cm) for h in hcas)
+def any_healthy(hcas: Iterable[Hca], rdma_cm: CharDevice | None,
+                held: Collection[str] = ()) -> bool:
+    """A shared unit is worth placing a pod on while one of its HCAs can carry traffic
+    (one held for flapping cannot)."""
+    return any(hca_healthy(h, rdma_cm, held) for h in hcas)

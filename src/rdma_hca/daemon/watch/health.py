@@ -16,6 +16,8 @@ would turn every device Unhealthy for a reason that has nothing to do with the H
 Events are coalesced: a burst of link events costs one re-read at its start and one
 at its end, and the full re-read that follows a port change waits until the port has
 been quiet for a moment, so a flapping link costs little CPU and few stream updates.
+An HCA whose ports flap is held down (``flaps.py``): every inventory handed out names
+the HCAs held, and the hold's end is handed out as a new inventory, at once.
 
 Who follows the node: the pools' views are updated in step (pure computation, and a
 pool's devices must be current the moment a pass returns); everything else that does
@@ -35,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from rdma_hca.daemon.watch.flaps import FlapHold
 from rdma_hca.daemon.watch.machine import MachineReader, PortCounters, failure_reason
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.broadcast import Broadcast
@@ -81,7 +84,8 @@ class View(Protocol):
 
 
 class HealthWatcher:
-    """``poll_seconds`` has no default here: the setting declares it."""
+    """``poll_seconds`` and ``flap_hold_seconds`` have no default here: the settings
+    declare them. ``clock`` is the flap hold's (tests move it by hand)."""
 
     def __init__(
         self,
@@ -89,12 +93,15 @@ class HealthWatcher:
         reader: MachineReader,
         *,
         poll_seconds: float,
+        flap_hold_seconds: float,
         full_seconds: float = 300.0,
         events: EventSource | None = _netlink_events,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runtimes = list(runtimes)
         self.reader = reader
         self.poll_seconds = poll_seconds
+        self.flaps = FlapHold(flap_hold_seconds, clock=clock)
         self.full_seconds = full_seconds
         self.events = events
         # Every published inventory is news: each is a new object, and comparing two
@@ -208,6 +215,7 @@ class HealthWatcher:
     async def _publish(self, inventory: NodeInventory) -> None:
         """Hand an inventory to every pool, then to the followers (who do not hold us)."""
         self._count_changes(inventory)
+        inventory = self._with_holds(inventory)
         # The loop gets a turn between the steps: at 256 HCAs each costs it a millisecond
         # or two, and an Allocate or a probe waiting behind all of them would wait for
         # their sum.
@@ -215,6 +223,30 @@ class HealthWatcher:
             await asyncio.sleep(0)
             await runtime.update(inventory)
         self.inventories.publish(inventory)
+
+    def _with_holds(self, inventory: NodeInventory) -> NodeInventory:
+        """The inventory naming the HCAs held for flapping from now on."""
+        held = self.flaps.observe(inventory)
+        before = self.inventory.held if self.inventory is not None else frozenset()
+        for name in sorted(held - before):
+            log.warning("%s: its ports changed state %d times within %g s; it counts as down "
+                        "until a port stays up for %g s (flapHoldSeconds)", name,
+                        self.flaps.flaps_seen(name), self.flaps.window,
+                        self.flaps.hold_seconds, extra={"hca": name})
+        for name in sorted(before - held):
+            log.info("%s: no longer held for flapping", name, extra={"hca": name})
+        return inventory if held == inventory.held else replace(inventory, held=held)
+
+    async def release_holds(self) -> bool:
+        """Hand out the current inventory again when a flap hold ended; True when one did.
+
+        Nothing on the node changes when a hold ends, so no poll would notice it.
+        """
+        inventory = self.inventory
+        if inventory is None or self.flaps.held() == inventory.held:
+            return False
+        await self._publish(inventory)
+        return True
 
     def _count_changes(self, inventory: NodeInventory) -> None:
         if self.inventory is None:
@@ -275,6 +307,7 @@ class HealthWatcher:
                     if await self._check(due):
                         last_full = loop.time()
                         self._full_at = None
+                    await self.release_holds()
                     await self._refresh_counters(loop.time())
                 except Exception:
                     # Whatever went wrong, the watcher must outlive it: a dead watcher
@@ -290,9 +323,13 @@ class HealthWatcher:
                     await watch
 
     def _next_wait(self, now: float) -> float:
-        if self._full_at is None:
-            return self.poll_seconds
-        return max(0.0, min(self.poll_seconds, self._full_at - now))
+        wait = self.poll_seconds
+        if self._full_at is not None:
+            wait = min(wait, self._full_at - now)
+        release = self.flaps.next_release()
+        if release is not None:
+            wait = min(wait, release - self.flaps.clock())
+        return max(0.0, wait)
 
     async def _check(self, due: bool) -> bool:
         """One poll; returns True when it ran a full discovery."""

@@ -34,7 +34,7 @@ class DraStage:
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  env: EnvSettings | None = None, health_retry: float = 0.2,
                  kubelet_wipes: bool = True, poll_seconds: float = 0.05, pod_uid: str = "",
-                 root: str | None = None,
+                 root: str | None = None, flap_hold_seconds: float | None = None,
                  config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
         self.node = node
         self.workdir = workdir
@@ -52,6 +52,8 @@ class DraStage:
         self._health_retry = health_retry
         self._kubelet_wipes = kubelet_wipes
         self._poll_seconds = poll_seconds
+        self._flap_hold = (Settings().flap_hold_seconds if flap_hold_seconds is None
+                           else flap_hold_seconds)
         self.kubelet: DraKubelet | None = None
         self.driver: DraDriver | None = None
         self.watcher: HealthWatcher | None = None
@@ -98,7 +100,8 @@ class DraStage:
     async def start_driver(self) -> DraDriver:
         driver = DraDriver(self.config())
         reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
-        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds, events=None)
+        watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds,
+                                flap_hold_seconds=self._flap_hold, events=None)
         inventory = await watcher.refresh()
         await driver.start(inventory)
         self.driver, self.watcher = driver, watcher
