@@ -177,6 +177,8 @@ class DraDriver:
                                                    self.config.read_deadline,
                                                    qps=self.config.api_qps,
                                                    burst=self.config.api_burst,
+                                                   claim_qps=self.config.claim_api_qps,
+                                                   claim_burst=self.config.claim_api_burst,
                                                    off=self._files)
             except KubeApiError as exc:
                 tried = await self._files.run("looking for API server credentials",
