@@ -26,8 +26,8 @@ from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, off_loop
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.tally import ApiTally
 from rdma_hca.kube.policy import ClientPolicy, Priority, Rate
+from rdma_hca.kube.tally import ApiTally
 from rdma_hca.settings.model import (
     DEFAULT_API_BURST,
     DEFAULT_API_QPS,
