@@ -222,6 +222,8 @@ class DraDriver:
                           ", ".join(t.get_name() for t in pending))
         await self.sockets.stop()
         await self.claims.close()
+        if self.status_writer is not None:
+            await self.status_writer.close()
         if self._api is not None and self._own_api:
             with contextlib.suppress(Exception):
                 await self._api.close()
@@ -239,7 +241,7 @@ class DraDriver:
         writer = ClaimStatusWriter(api, self.config.driver_name,
                                    sysfs_root=self.config.sysfs_root,
                                    hca_of=lambda device: self.offer.hcas.get(device),
-                                   files=self._files)
+                                   files=self._files, prepared=lambda: self.claims.prepared)
 
         async def prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
             await writer.on_prepared(ClaimRef(claim.namespace, claim.uid, claim.name), devices,
