@@ -342,7 +342,8 @@ def test_the_dashboard_follows_the_conventions() -> None:
     for wanted in ('up{app_kubernetes_io_name="ack-rdma-device-plugin"', "rdma_hca_hca_missing",
                    "rdma_hca_dra_registered", "rdma_hca_dra_slice_published", "np_cnp_sent",
                    "rdma_hca_dra_prepare_total", "rdma_hca_dra_prepare_seconds_bucket",
-                   "out_of_sequence", "rdma_hca_hca_info"):
+                   "out_of_sequence", "rdma_hca_hca_info", "rdma_hca_api_requests_total",
+                   "rdma_hca_api_rate_limit_wait_seconds_total"):
         assert wanted in queries, f"no panel shows {wanted}"
     assert len(by_title) == len(panels), "two panels with one title"
     # Panels do not overlap.

@@ -175,6 +175,8 @@ class Daemon:
                 prepares=dict(self.dra.claims.prepare_results),
                 unprepares=dict(self.dra.claims.unprepare_results),
                 prepare_seconds=self.dra.claims.prepare_seconds.counts(),
+                api_requests=self.dra.api_requests,
+                api_wait_seconds=self.dra.api_wait_seconds,
             ),
         )
 

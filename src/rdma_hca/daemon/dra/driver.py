@@ -30,7 +30,7 @@ from rdma_hca.daemon.dra.claims import (
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
+from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
@@ -150,6 +150,20 @@ class DraDriver:
     def ready(self) -> bool:
         """Registered with the kubelet, and a slice published since start."""
         return self.registered and self.published_since_start
+
+    @property
+    def api_requests(self) -> dict[tuple[str, str, str], int]:
+        """What the API client sent, by (resource, verb, code): a copy, for /metrics."""
+        if isinstance(self._api, SliceApi):
+            return dict(self._api.tally.requests)
+        return {key: 0 for key in KNOWN_REQUESTS}  # not connected yet: the series at 0
+
+    @property
+    def api_wait_seconds(self) -> dict[str, float]:
+        """Seconds spent waiting for a token, by budget: a copy, for /metrics."""
+        if isinstance(self._api, SliceApi):
+            return dict(self._api.tally.waited)
+        return dict.fromkeys(BUDGETS, 0.0)
 
     @property
     def file_stalls(self) -> int:

@@ -38,6 +38,10 @@ class DraStatus:
     prepares: Mapping[str, int] = field(default_factory=dict)
     unprepares: Mapping[str, int] = field(default_factory=dict)
     prepare_seconds: HistogramCounts = field(default_factory=HistogramCounts)
+    # The driver's API client: requests by (resource, verb, code), and seconds spent
+    # waiting for a token by budget ("claims", "driver").
+    api_requests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    api_wait_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
