@@ -98,7 +98,7 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
     hold = api.hold(method="PUT", path="/busy/status")
     await w.on_prepared(busy, claims.prepare(busy))
     await held(hold)  # the one worker is busy: the next claim's write waits its turn
-    await w.on_prepared(quiet, claims.prepare(quiet))
+    await w.on_prepared(quiet, claims.prepare(quiet), api.claim("ns", "quiet"))
     claims.prepared.pop(quiet.uid)
     await w.on_unprepared(quiet)
     hold.release()
@@ -106,6 +106,20 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
     assert puts(api, "quiet") == 0 and api.count("GET", "/resourceclaims/quiet") == 0
     assert claims.entries("quiet") == [] and len(claims.entries("busy")) == 1
     assert w.coalesced == 1
+
+
+async def test_a_claim_prepared_before_a_restart_gets_its_removal(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    ref = claims.add("c")
+    before = writer(client, node, claims)
+    await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await asyncio.wait_for(before.drained(), 10)
+    await before.close()
+    after = writer(client, node, claims)  # a new process: it wrote nothing itself
+    await after.on_unprepared(ref)
+    await asyncio.wait_for(after.drained(), 10)
+    assert claims.entries("c") == [] and puts(api, "c") == 2
 
 
 async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(

@@ -15,8 +15,9 @@ on the driver's own budget, after its slice writes (``kubeapi``). So a burst of 
 for none of it, and a backlog of status writes delays neither a claim read nor a taint.
 
 - Coalesced: at most one pending write per claim, the claim's latest state. A Prepare then
-  an Unprepare before the write went out send nothing (nothing of ours was written), or
-  one removal when a write of ours may have landed (one went out, or got no answer).
+  an Unprepare before the write went out send nothing (Prepare read the claim without
+  entries of ours, and none went out since), or one removal when entries of ours may be
+  there (a write went out or got no answer, or the claim was prepared before a restart).
 - Retried until written: a conflict (409) re-reads the claim and applies the entries
   again; any other failure (5xx, no answer, the client's retries on 429 used up) waits a
   growing, jittered backoff and tries again. A newer state of the claim queued meanwhile
@@ -145,7 +146,11 @@ class ClaimStatusWriter:
         self._pending: OrderedDict[str, _Intent] = OrderedDict()
         self._busy: set[str] = set()  # claims being written now
         self._waiting: dict[str, asyncio.Task[None]] = {}  # claims backing off
-        self._written: set[str] = set()  # claims that may carry entries of ours
+        self._written: set[str] = set()  # claims whose entries of ours were written
+        # Claims known to carry no entry of ours (Prepare read them so, and nothing went
+        # out since): only their removal may be dropped. A claim this process has not seen
+        # (prepared before a restart) may carry entries: its removal always goes out.
+        self._clean: set[str] = set()
         self._sweep = False  # a prepared state was set aside: look at every claim again
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -194,14 +199,22 @@ class ClaimStatusWriter:
         replaced = self._pending.pop(uid, None)
         if replaced is not None:
             self.coalesced += 1
-        if intent.devices is None and uid not in self._written and uid not in self._busy:
-            # Nothing of ours went out for it: nothing to remove.
+        if intent.devices is None and uid in self._clean and uid not in self._busy:
+            # Nothing of ours is on the claim: nothing to remove.
+            self._clean.discard(uid)
             self._settle()
             return
+        if (intent.devices is not None and intent.known is not None and uid not in self._busy
+                and uid not in self._written and not self._ours_in(intent.known)):
+            self._clean.add(uid)
         if replaced is None and len(self._pending) >= self.max_pending:
             self._make_room()
         self._pending[uid] = intent
         self._start()
+
+    def _ours_in(self, claim: Mapping[str, Any]) -> bool:
+        status = claim.get("status") or {}
+        return any(e.get("driver") == self.driver for e in status.get("devices") or [])
 
     def _make_room(self) -> None:
         prepared = self._prepared() if self._prepared is not None else {}
@@ -360,13 +373,13 @@ class ClaimStatusWriter:
                          else await self.api.reread_claim(ref.namespace, ref.name))
             except KubeError as exc:
                 if exc.status == 404:
-                    self._written.discard(uid)
+                    self._mark(uid, False)
                     return True
                 log.debug("cannot read %s to write its status: %s", where, exc)
                 return False
             known = None  # a conflict means it changed: read it again
             if claim.get("metadata", {}).get("uid") != uid:
-                self._written.discard(uid)
+                self._mark(uid, False)
                 return True  # deleted and made again: not the claim we prepared
             status = claim.setdefault("status", {})
             current = list(status.get("devices") or [])
@@ -384,7 +397,7 @@ class ClaimStatusWriter:
                     self.conflicts += 1
                     continue  # someone else wrote the claim: read it again
                 if exc.status == 404:
-                    self._written.discard(uid)
+                    self._mark(uid, False)
                     return True
                 if exc.status in (403, 422, 405):
                     self._stop(f"the API server refuses the status of {where} ({exc}); "
@@ -394,7 +407,7 @@ class ClaimStatusWriter:
                                   if exc.status == 403 else ""))
                     return True
                 if not exc.status:
-                    self._written.add(uid)  # no answer: it may have been written
+                    self._mark(uid, True)  # no answer: it may have been written
                 log.debug("cannot write the status of %s (trying again): %s", where, exc)
                 return False
             self.writes += 1
@@ -408,6 +421,9 @@ class ClaimStatusWriter:
         return False
 
     def _mark(self, uid: str, ours: bool) -> None:
+        """What the server holds now: entries of ours on the claim, or none (and then the
+        claim is forgotten: it is unprepared, or gone)."""
+        self._clean.discard(uid)
         if ours:
             self._written.add(uid)
         else:
@@ -419,5 +435,6 @@ class ClaimStatusWriter:
         dropped = list(self._waiting.values())
         self._pending.clear()
         self._waiting.clear()
+        self._clean.clear()
         for t in dropped:
             t.cancel()
