@@ -44,14 +44,14 @@ from rdma_hca.kit.logs import setup_logging  # noqa: E402
 from rdma_hca.kit.text import closest  # noqa: E402
 from rdma_hca.settings.config import (  # noqa: E402
     BY_KEY,
+    ROOT_KEYS,
     ConfigError,
     Settings,
     add_flags,
+    check_roots,
     env_warnings,
     flag_values,
-    kubelet_root_problem,
     load_settings,
-    root_problem,
 )
 
 log = logging.getLogger("rdma_hca.settings.config")
@@ -110,44 +110,25 @@ def machine_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settin
     return load_settings(None, {k: v for k, v in env.items() if k in shared}, flags)
 
 
-def _fill_machine_defaults(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
+def _fill_machine_defaults(args: argparse.Namespace, env: Mapping[str, str]) -> Settings | None:
     """Give the tools' root options not set on the command line the value ``serve`` would
     use, so RDMA_HCA_SYSFS_ROOT and friends mean the same for every subcommand.
 
-    Returns dest -> how to name where each filled value came from.
+    Returns the settings they came from (None: the command has none of them), which know
+    the layer each value came from.
     """
-    dests = {"sysfs_root": "sysfsRoot", "dev_root": "devRoot", "kubelet_dir": "kubeletDir"}
+    dests = ("sysfs_root", "dev_root", "kubelet_dir")
     deadline = "read_deadline_seconds"
     if not hasattr(args, deadline) and not any(getattr(args, d, "") is None for d in dests):
-        return {}
+        return None
     machine = machine_settings(args, env)
     if hasattr(args, deadline):
         # Given as text by the flag or the variable; validated like serve's.
         setattr(args, deadline, machine.read_deadline_seconds)
-    sources = {}
-    for dest, key in dests.items():
+    for dest in dests:
         if hasattr(args, dest) and getattr(args, dest) is None:
             setattr(args, dest, getattr(machine, dest))
-            var = next((v for v in BY_KEY[key].env if v in env), None)
-            sources[dest] = var or f"{BY_KEY[key].flag} (default)"
-    return sources
-
-
-def _check_roots(command: str, args: argparse.Namespace, sources: Mapping[str, str]) -> str | None:
-    for dest, kind, flag in (("sysfs_root", "sysfs", "--sysfs-root"),
-                             ("dev_root", "dev", "--dev-root")):
-        path = getattr(args, dest, None)
-        if isinstance(path, str):
-            why = root_problem(kind, path)
-            if why:
-                return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
-    for dest, flag, what in (("kubelet_root", "--kubelet-root", "root"),
-                             ("kubelet_dir", "--kubelet-dir", "device-plugins")):
-        path = getattr(args, dest, None)
-        why = kubelet_root_problem(path, what) if isinstance(path, str) else None
-        if why:
-            return f"rdma-hca {command}: {sources.get(dest, flag)} {why}"
-    return None
+    return machine
 
 
 def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: str) -> str:
@@ -161,35 +142,12 @@ def _config_error_line(args: argparse.Namespace, env: Mapping[str, str], text: s
     return message
 
 
-def _source(args: argparse.Namespace, env: Mapping[str, str], key: str) -> str:
-    """Which layer gave a machine setting of ``serve``: its flag, its variable or none."""
-    s = BY_KEY[key]
-    if s.flag is not None and getattr(args, s.dest, None) is not None:
-        return f"flag {s.flag}"
-    var = next((v for v in s.env if v in env), None)
-    if var is not None:
-        return f"environment variable {var}"
-    if key == "kubeletDir":
-        return "<kubeletRoot>/device-plugins, kubeletRoot from " + _source(args, env,
-                                                                           "kubeletRoot")
-    return "the default"
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     given: Mapping[str, str] | None = getattr(args, "environ", None)
     env = os.environ if given is None else given
     try:
         settings = settings_from_args(args, env)
-        for kind, path, key in (("sysfs", settings.sysfs_root, "sysfsRoot"),
-                                ("dev", settings.dev_root, "devRoot")):
-            why = root_problem(kind, path)
-            if why:
-                raise ConfigError(key, path, why, _source(args, env, key))
-        for key, path, what in (("kubeletRoot", settings.kubelet_root, "root"),
-                                ("kubeletDir", settings.kubelet_dir, "device-plugins")):
-            why = kubelet_root_problem(path, what)
-            if why:
-                raise ConfigError(key, path, why, _source(args, env, key))
+        check_roots(settings)
     except ConfigError as exc:
         print(_config_error_line(args, env, str(exc)), file=sys.stderr)
         return EXIT_USAGE
@@ -411,12 +369,11 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None,
         if command != "serve":
             for line in env_warnings(env):
                 print(f"rdma-hca {command}: warning: {line}", file=sys.stderr)
-            sources = _fill_machine_defaults(args, env)
-            if command in ("discover", "check") or getattr(args, "node", False):
-                why = _check_roots(command, args, sources)
-                if why:
-                    print(why, file=sys.stderr)
-                    return EXIT_USAGE
+            machine = _fill_machine_defaults(args, env)
+            if machine is not None and (command in ("discover", "check")
+                                        or getattr(args, "node", False)):
+                # The roots this command reads; a ConfigError names the layer.
+                check_roots(machine, [k for k in ROOT_KEYS if hasattr(args, BY_KEY[k].dest)])
         result: int = args.func(args)
         sys.stdout.flush()
     except ConfigError as exc:

@@ -14,7 +14,12 @@ import yaml
 from deploy_support import CHART, RenderFn, run_helm, set_args
 from test_deploy_chart import config, container, mounts, one, pod_spec, volumes
 from test_deploy_guard import rendered_notes
-from vap_emulator import admit
+from vap_emulator import admit, device_selected
+
+from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.node.sysfs import discover_node
+from rdma_hca.settings.config import Mode
 
 # DRA alone, with a kubelet root that is not the default (and a trailing slash).
 ALONE = {"dra.enabled": "true", "devicePlugin.enabled": "false",
@@ -249,3 +254,51 @@ def test_install_doc_has_the_dra_section() -> None:
     for needle in ("devicePlugin.enabled", "dra.selectors", "Drain a node", "(dra.md)",
                    "kubectl drain <node>"):
         assert needle in section, needle
+
+
+def _published(tmp_path: Path, mode: Mode) -> list[dict[str, Any]]:
+    """The devices the driver publishes for a 13-HCA GPU node, as its slice holds them."""
+    node = gpu_node(tmp_path / mode.value, hcas=12, gid_table_size=8)
+    inventory = discover_node(node.sysfs_root, node.dev_root)
+    return list(Offer.build(inventory.hcas, "rdma-hca.io", mode, True,
+                            inventory.rdma_cm).devices)
+
+
+def _selected(objs: list[dict[str, Any]], name: str,
+              devices: list[tuple[str, dict[str, Any]]]) -> set[str]:
+    (cls,) = [o for o in objs if o["kind"] == "DeviceClass" and o["metadata"]["name"] == name]
+    return {d["name"] for driver, d in devices
+            if all(device_selected(s["cel"]["expression"], driver, d)
+                   for s in cls["spec"]["selectors"])}
+
+
+# A device of an older driver (no kind attribute) and another driver's GPU: the selectors
+# must neither fail on them (a CEL error aborts the allocation) nor take the GPU.
+_OLD = ("rdma-hca.io", {"name": "old-hca", "attributes": {
+    "rdma-hca.io/hcaName": {"string": "mlx5_9"}}})
+_GPU = ("gpu.nvidia.com", {"name": "gpu-0", "attributes": {
+    "resource.kubernetes.io/pcieRoot": {"string": "pci0000:37"}}})
+
+
+def test_shared_the_extended_class_selects_only_the_node_wide_device(
+        render: RenderFn, tmp_path: Path) -> None:
+    objs = render(ALONE | {"dra.driverName": "rdma-hca.io"})
+    published = _published(tmp_path, Mode.SHARED)
+    devices = [("rdma-hca.io", d) for d in published] + [_OLD, _GPU]
+    hcas = {d["name"] for d in published} - {"all-hcas"}
+    assert len(hcas) == 13
+    # rdma/hca: 1 is one device of this class: the one that gives every HCA.
+    assert _selected(objs, "rdma-hca.io-extended", devices) == {"all-hcas"}
+    # A claim asking for "an HCA" gets one HCA, never the whole node.
+    assert _selected(objs, "rdma-hca.io", devices) == hcas | {"old-hca"}
+
+
+def test_exclusive_both_classes_select_one_hca_per_unit(
+        render: RenderFn, tmp_path: Path) -> None:
+    objs = render(ALONE | {"dra.driverName": "rdma-hca.io", "dra.mode": "exclusive"})
+    published = _published(tmp_path, Mode.EXCLUSIVE)
+    assert "all-hcas" not in {d["name"] for d in published}
+    devices = [("rdma-hca.io", d) for d in published] + [_OLD, _GPU]
+    hcas = {d["name"] for d in published} | {"old-hca"}
+    assert _selected(objs, "rdma-hca.io-extended", devices) == hcas
+    assert _selected(objs, "rdma-hca.io", devices) == hcas

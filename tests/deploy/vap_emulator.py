@@ -154,3 +154,51 @@ def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
         if "Warn" in spec["validationActions"]:
             outcome.warnings += messages
     return outcome
+
+
+# --- DeviceClass selectors -----------------------------------------------------------------
+# The same engine evaluates the CEL of the chart's DeviceClasses as the scheduler's DRA
+# allocator does (k8s.io/dynamic-resource-allocation/cel): `device.driver`,
+# `device.allowMultipleAllocations`, `device.attributes[<domain>].<id>` and
+# `device.capacity[<domain>].<id>` (here as text), a name without a domain being the
+# driver's. An unknown domain is an empty map; an unknown id is an error, which aborts the
+# allocation (a selector that errs on some device is a bug: PolicyError).
+
+_ATTRIBUTE_KINDS = ("string", "int", "bool", "version")
+
+
+class _Domains(celtypes.MapType):
+    """Domain -> its attributes; a domain no attribute has is an empty map, as upstream."""
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            return celtypes.MapType()
+
+
+def _by_domain(entries: Mapping[str, Any], driver: str, convert: Any) -> _Domains:
+    domains: dict[str, dict[str, Any]] = {}
+    for name, value in entries.items():
+        domain, _, ident = name.rpartition("/")
+        domains.setdefault(domain or driver, {})[ident] = convert(value)
+    return _Domains({celtypes.StringType(k): json_to_cel(v) for k, v in domains.items()})
+
+
+def _attribute(value: Mapping[str, Any]) -> Any:
+    (kind,) = [k for k in _ATTRIBUTE_KINDS if k in value]
+    return value[kind]
+
+
+def device_selected(expression: str, driver: str, device: Mapping[str, Any]) -> bool:
+    """Whether a DeviceClass selector picks ``device`` (as a ResourceSlice holds it)."""
+    cel_device = celtypes.MapType({
+        celtypes.StringType("driver"): celtypes.StringType(driver),
+        celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
+            bool(device.get("allowMultipleAllocations"))),
+        celtypes.StringType("attributes"): _by_domain(device.get("attributes") or {},
+                                                      driver, _attribute),
+        celtypes.StringType("capacity"): _by_domain(device.get("capacity") or {}, driver,
+                                                    lambda c: str(c.get("value"))),
+    })
+    return _bool(expression, {"device": cel_device})

@@ -69,7 +69,8 @@ def test_declared_defaults_are_the_settings_defaults() -> None:
 def test_every_settings_field_is_declared() -> None:
     declared = {s.attr.split(".")[0] for s in SETTINGS if s.scope is not Scope.POOL}
     # Derived from kubeletRoot, or bookkeeping of the loader itself.
-    derived = {"pools", "plugins_registry_dir", "plugins_dir", "config_file", "warnings"}
+    derived = {"pools", "plugins_registry_dir", "plugins_dir", "config_file", "warnings",
+               "sources"}
     fields = {f.name for f in dataclasses.fields(Settings)}
     assert fields - derived == declared - {"pools"}
 

@@ -14,7 +14,7 @@ import pytest
 
 from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import SETTINGS, Settings
+from rdma_hca.settings.config import BY_KEY, SETTINGS, Settings
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,10 @@ def test_every_tool_refuses_a_missing_root_from_the_variable(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]) -> None:
     code, out, err = run(capsys, argv, {"RDMA_HCA_SYSFS_ROOT": str(tmp_path / "gone")})
     assert code == 2
-    assert err.strip() == (f"rdma-hca {argv[0]}: RDMA_HCA_SYSFS_ROOT {tmp_path / 'gone'} does "
-                           "not exist: give the directory where sysfs is mounted")
+    gone = tmp_path / "gone"
+    assert err.strip() == (f"rdma-hca {argv[0]}: sysfsRoot: '{gone}' (from environment "
+                           f"variable RDMA_HCA_SYSFS_ROOT) is not valid: {gone} does not exist: "
+                           "give the directory where sysfs is mounted")
     assert out == ""
 
 
@@ -123,7 +125,8 @@ def test_nonexistent_root(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                           flag: str) -> None:
     code, out, err = run(capsys, ["discover", flag, str(tmp_path / "nope")])
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and f"{flag} {tmp_path / 'nope'} does not exist" in err
+    assert err.count("\n") == 1
+    assert f"(from flag {flag}) is not valid: {tmp_path / 'nope'} does not exist" in err
 
 
 def test_root_that_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -361,8 +364,10 @@ def test_doctor_node_takes_the_kubelet_root(capsys: pytest.CaptureFixture[str],
                                   "--dev-root", str(gpu.dev_root),
                                   "--kubelet-root", str(tmp_path / "a-file")])
     assert code == 2 and out == ""
-    assert err.strip() == (f"rdma-hca doctor: --kubelet-root {tmp_path / 'a-file'} is not a "
-                           "directory: give the kubelet's root directory, e.g. /var/lib/kubelet")
+    a_file = tmp_path / "a-file"
+    assert err.strip() == (f"rdma-hca doctor: kubeletRoot: '{a_file}' (from flag --kubelet-root) "
+                           f"is not valid: {a_file} is not a directory: give the kubelet's root "
+                           "directory, e.g. /var/lib/kubelet")
 
 
 @pytest.mark.parametrize(("command", "sig", "status"), [
@@ -387,3 +392,85 @@ def test_serve_refuses_a_device_plugins_directory_that_is_a_file(
                    "(from <kubeletRoot>/device-plugins, kubeletRoot from flag --kubelet-root) "
                    f"is not valid: {tmp_path}/device-plugins is not a directory: give the "
                    "kubelet's device-plugins directory, e.g. /var/lib/kubelet/device-plugins\n")
+
+
+# --- one roots check, naming the layer load_settings recorded --------------------------------
+
+
+def _fake_serve(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    served: list[Settings] = []
+    monkeypatch.setattr(cli, "_command", lambda *_: lambda s: served.append(s) or 0)
+    return served
+
+
+def _given(key: str, value: str, layer: str) -> tuple[list[str], dict[str, str]]:
+    s = BY_KEY[key]
+    assert s.flag is not None
+    return ([s.flag, value], {}) if layer == "flag" else ([], {s.env[0]: value})
+
+
+def _layer_name(key: str, layer: str) -> str:
+    s = BY_KEY[key]
+    return f"flag {s.flag}" if layer == "flag" else f"environment variable {s.env[0]}"
+
+
+def _prefix(command: list[str]) -> str:
+    return "rdma-hca serve: config error: " if command == ["serve"] else \
+        f"rdma-hca {command[0]}: "
+
+
+@pytest.mark.parametrize("command", [["serve"], ["discover"], ["doctor", "--node"], ["check"]],
+                         ids=" ".join)
+@pytest.mark.parametrize("layer", ["flag", "variable"])
+@pytest.mark.parametrize(("key", "kind"), [("sysfsRoot", "sysfs"), ("devRoot", "dev")])
+def test_a_missing_root_names_the_layer_that_gave_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: sim.SimNode,
+        tmp_path: Path, command: list[str], layer: str, key: str, kind: str) -> None:
+    served = _fake_serve(monkeypatch)
+    good = {"sysfsRoot": str(gpu.sysfs_root), "devRoot": str(gpu.dev_root)}
+    bad = str(tmp_path / "gone")
+    argv, env = _given(key, bad, layer)
+    other = "devRoot" if key == "sysfsRoot" else "sysfsRoot"
+    code, out, err = run(capsys, [*command, *argv, BY_KEY[other].flag or "", good[other]], env)
+    assert (code, out, served) == (2, "", [])
+    assert err == (f"{_prefix(command)}{key}: '{bad}' (from {_layer_name(key, layer)}) is not "
+                   f"valid: {bad} does not exist: give the directory where {kind} is mounted\n")
+
+
+@pytest.mark.parametrize("command", [["serve"], ["doctor", "--node"]], ids=" ".join)
+@pytest.mark.parametrize("layer", ["flag", "variable"])
+@pytest.mark.parametrize("key", ["kubeletRoot", "kubeletDir", "derived kubeletDir"])
+def test_a_kubelet_directory_that_is_a_file_names_the_layer_that_gave_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: sim.SimNode,
+        tmp_path: Path, command: list[str], layer: str, key: str) -> None:
+    served = _fake_serve(monkeypatch)
+    machine = ["--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    a_file = tmp_path / "device-plugins"
+    a_file.write_text("")
+    if key == "derived kubeletDir":  # <kubeletRoot>/device-plugins, from kubeletRoot's layer
+        argv, env = _given("kubeletRoot", str(tmp_path), layer)
+        where = ("<kubeletRoot>/device-plugins, kubeletRoot from "
+                 + _layer_name("kubeletRoot", layer))
+        key = "kubeletDir"
+    else:
+        argv, env = _given(key, str(a_file), layer)
+        where = _layer_name(key, layer)
+    what = "root" if key == "kubeletRoot" else "device-plugins"
+    example = "/var/lib/kubelet" + ("/device-plugins" if what != "root" else "")
+    code, out, err = run(capsys, [*command, *machine, *argv], env)
+    assert (code, out, served) == (2, "", [])
+    assert err == (f"{_prefix(command)}{key}: '{a_file}' (from {where}) is not valid: {a_file} "
+                   f"is not a directory: give the kubelet's {what} directory, e.g. {example}\n")
+
+
+def test_a_root_in_the_config_file_names_the_file(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    served = _fake_serve(monkeypatch)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"sysfsRoot: {tmp_path}\n")
+    code, _, err = run(capsys, ["serve", "--config", str(config)])
+    assert (code, served) == (2, [])
+    assert err.startswith(f"rdma-hca serve: config error: sysfsRoot: '{tmp_path}' (from config "
+                          f"file {config}) is not valid: set by flag or variable only")
+    assert err.count("\n") == 1

@@ -236,7 +236,7 @@ def test_unreachable_server_names_the_url(
 def test_no_kubeconfig_anywhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor([], tmp_path) == 2
     err = capsys.readouterr().err
-    assert "no kubeconfig found" in err
+    assert "no usable API server credentials: tried --kubeconfig (not given)" in err
     assert "--kubeconfig FILE" in err
 
 
@@ -291,7 +291,7 @@ def test_json_error_is_an_object_too(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert doctor(["--json"], tmp_path) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False
-    assert "no kubeconfig found" in doc["error"]
+    assert "no usable API server credentials" in doc["error"]
 
 
 def test_custom_resource_name(

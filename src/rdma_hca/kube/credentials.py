@@ -40,6 +40,46 @@ class Credentials:
     proxy: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CredentialSearch:
+    """What one command accepts for API server credentials, so that its messages name only
+    what that command has.
+
+    ``kubeconfig_flag`` and ``context_flag`` are the command's flags (None: it has none).
+    ``in_cluster_first``: a daemon in a pod tries its service account before $KUBECONFIG and
+    ~/.kube/config, as client-go's in-cluster config does; a command-line tool goes kubectl's
+    way and tries it last. ``in_pod_fix`` says how such a daemon gets its token mounted.
+    """
+
+    kubeconfig_flag: str | None = None
+    context_flag: str | None = None
+    in_cluster_first: bool = False
+    in_pod_fix: str = "run it in a pod with its service account token mounted"
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Where credentials are looked for when no kubeconfig file is given, in order."""
+        return (_POD, _ENV, _HOME) if self.in_cluster_first else (_ENV, _HOME, _POD)
+
+    def fallbacks(self) -> str:
+        """``order`` in words, for a flag's help."""
+        *first, last = self.order
+        return ", ".join(first) + ", then " + last
+
+    def fix(self) -> str:
+        """How to give credentials, with only what the command accepts."""
+        fixes = [f"pass {self.kubeconfig_flag} FILE"] if self.kubeconfig_flag else []
+        if self.in_cluster_first:
+            fixes.append(self.in_pod_fix)
+        fixes.append("set KUBECONFIG to a kubeconfig file")
+        return (", or " if self.in_cluster_first else " or ").join(fixes)
+
+
+_POD, _ENV, _HOME = "the in-cluster service account", "$KUBECONFIG", "~/.kube/config"
+# A command with no credential flags of its own; the messages name none.
+NO_FLAGS = CredentialSearch()
+
+
 def load_credentials(
     *,
     kubeconfig: str | None,
@@ -47,35 +87,42 @@ def load_credentials(
     env: Mapping[str, str],
     home: Path,
     in_cluster_root: Path = Path("/"),
-    in_cluster_first: bool = False,
+    accepts: CredentialSearch = NO_FLAGS,
 ) -> Credentials:
     """Find credentials the way kubectl does, falling back to the in-cluster service account.
 
-    Order: ``--kubeconfig``, then ``$KUBECONFIG`` (first existing file of the list), then
-    ``~/.kube/config``, then the pod's service account when ``KUBERNETES_SERVICE_HOST`` is set.
-    ``in_cluster_first`` (a daemon in a pod) tries the service account right after
-    ``--kubeconfig``, as client-go's in-cluster config does.
+    A ``kubeconfig`` file given wins; then, in the order of ``accepts``, ``$KUBECONFIG``
+    (the first existing file of the list), ``~/.kube/config`` and the pod's service account
+    when ``KUBERNETES_SERVICE_HOST`` is set. Nothing found: the message says what was tried,
+    and how to fix it with what the calling command ``accepts``.
     """
     if kubeconfig:
         path = Path(kubeconfig).expanduser()
         if not path.is_file():
-            raise ConfigError(f"kubeconfig {path} does not exist: pass an existing file to "
-                              "--kubeconfig")
-        return _from_kubeconfig(path, context, env)
-    if in_cluster_first and env.get("KUBERNETES_SERVICE_HOST"):
-        return _in_cluster(env, in_cluster_root)
-    for entry in env.get("KUBECONFIG", "").split(os.pathsep):
-        if entry and Path(entry).expanduser().is_file():
-            return _from_kubeconfig(Path(entry).expanduser(), context, env)
-    default = home / ".kube" / "config"
-    if default.is_file():
-        return _from_kubeconfig(default, context, env)
-    if env.get("KUBERNETES_SERVICE_HOST"):
-        return _in_cluster(env, in_cluster_root)
-    raise ConfigError(
-        "no kubeconfig found (looked at --kubeconfig, $KUBECONFIG and "
-        f"{default}, and not running in a pod): pass --kubeconfig FILE or set KUBECONFIG"
-    )
+            give = (f"pass an existing file to {accepts.kubeconfig_flag}"
+                    if accepts.kubeconfig_flag else "give an existing kubeconfig file")
+            raise ConfigError(f"kubeconfig {path} does not exist: {give}")
+        return _from_kubeconfig(path, context, env, accepts)
+    tried = [f"{accepts.kubeconfig_flag} (not given)"] if accepts.kubeconfig_flag else []
+    for step in accepts.order:
+        if step == _POD:
+            if env.get("KUBERNETES_SERVICE_HOST"):
+                return _in_cluster(env, in_cluster_root)
+            tried.append(f"{_POD} (KUBERNETES_SERVICE_HOST is not set)")
+        elif step == _ENV:
+            listed = env.get("KUBECONFIG", "")
+            for entry in listed.split(os.pathsep):
+                if entry and Path(entry).expanduser().is_file():
+                    return _from_kubeconfig(Path(entry).expanduser(), context, env, accepts)
+            tried.append(f"KUBECONFIG={listed} (no such file)" if listed
+                         else "$KUBECONFIG (not set)")
+        else:
+            default = home / ".kube" / "config"
+            if default.is_file():
+                return _from_kubeconfig(default, context, env, accepts)
+            tried.append(f"{default} (missing)")
+    raise ConfigError(f"no usable API server credentials: tried {', then '.join(tried)}: "
+                      f"{accepts.fix()}")
 
 
 def _in_cluster(env: Mapping[str, str], root: Path) -> Credentials:
@@ -117,7 +164,8 @@ def _one_context(cluster: Mapping[str, Any], user: Mapping[str, Any]) -> dict[st
     }
 
 
-def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str]) -> Credentials:
+def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str],
+                     accepts: CredentialSearch) -> Credentials:
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -125,17 +173,18 @@ def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(
-            f"kubeconfig {path} is not valid YAML{where}: fix the file or pass another "
-            "with --kubeconfig"
-        ) from exc
+        another = (f" or pass another with {accepts.kubeconfig_flag}"
+                   if accepts.kubeconfig_flag else "")
+        raise ConfigError(f"kubeconfig {path} is not valid YAML{where}: fix the file{another}"
+                          ) from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"kubeconfig {path} is not a kubeconfig (expected a mapping with "
                           "clusters, users and contexts)")
     name = context_name or doc.get("current-context")
     if not name:
-        raise ConfigError(f"kubeconfig {path} has no current-context: pass --context NAME "
-                          "or run kubectl config use-context NAME")
+        pick = f"pass {accepts.context_flag} NAME or " if accepts.context_flag else ""
+        raise ConfigError(f"kubeconfig {path} has no current-context: {pick}run kubectl "
+                          "config use-context NAME")
     ctx = _named(doc, "contexts", "context", str(name), path)
     cluster = _named(doc, "clusters", "cluster", _str_field(ctx, "cluster", path), path)
     user_name = ctx.get("user")
@@ -212,7 +261,7 @@ def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, 
         raise ConfigError(
             f"kubeconfig {path}: context {context!r} uses an auth-provider, which kubectl "
             "dropped in 1.26: switch to its exec credential plugin (e.g. "
-            "gke-gcloud-auth-plugin, kubelogin) and run doctor again"
+            "gke-gcloud-auth-plugin, kubelogin)"
         )
     token_file = user.get("tokenFile")
     if not user.get("token") and token_file:

@@ -8,12 +8,13 @@ config alone, or after discovery), the union of what they select, and whether a 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
 from rdma_hca.node.model import Hca
-from rdma_hca.settings.model import Mode, PoolConfig, Selectors, Settings, norm_hex
+from rdma_hca.settings.decl import BY_KEY
+from rdma_hca.settings.model import ConfigError, Mode, PoolConfig, Selectors, Settings, norm_hex
 
 
 def _names_meet(a: Sequence[str], b: Sequence[str]) -> bool:
@@ -125,3 +126,33 @@ def root_problem(kind: str, path: str) -> str | None:
         return (f"{path} has no {markers[0]}/ but {inner} looks like the {kind} root: "
                 f"did you mean {inner}?")
     return None
+
+
+# The settings that say where things are on this machine, and what makes each unusable.
+_ROOTS: dict[str, Callable[[str], str | None]] = {
+    "sysfsRoot": lambda path: root_problem("sysfs", path),
+    "devRoot": lambda path: root_problem("dev", path),
+    "kubeletRoot": lambda path: kubelet_root_problem(path, "root"),
+    "kubeletDir": lambda path: kubelet_root_problem(path, "device-plugins"),
+}
+ROOT_KEYS: tuple[str, ...] = tuple(_ROOTS)
+
+
+def check_roots(settings: Settings, keys: Iterable[str] = ROOT_KEYS) -> None:
+    """Refuse the first of these roots that cannot be used, naming the layer that gave it
+    (:class:`ConfigError`); ``serve`` checks them all, a tool those it reads."""
+    for key in keys:
+        path = getattr(settings, BY_KEY[key].attr)
+        why = _ROOTS[key](path)
+        if why:
+            raise ConfigError(key, path, why, setting_source(settings, key))
+
+
+def setting_source(settings: Settings, key: str) -> str:
+    """The layer that gave a setting its value, as errors name it."""
+    if key in settings.sources:
+        return settings.sources[key]
+    if key == "kubeletDir":  # derived from kubeletRoot when not given
+        return f"{BY_KEY[key].default_text}, kubeletRoot from " + setting_source(
+            settings, "kubeletRoot")
+    return "the default"

@@ -22,12 +22,15 @@ from typing import Any
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.kit.text import closest
 from rdma_hca.settings.checks import (
+    ROOT_KEYS,
+    check_roots,
     exclusive_first,
     kubelet_root_problem,
     overlapping_hcas,
     pools_sharing,
     root_problem,
     selected_hcas,
+    setting_source,
     surely_shared,
 )
 from rdma_hca.settings.decl import (
@@ -45,6 +48,7 @@ from rdma_hca.settings.decl import (
     docs_table,
     file_groups,
     flag_values,
+    flags_in,
     known_env,
     top_file_keys,
     with_docs_table,
@@ -92,6 +96,7 @@ __all__ = [
     "ENV_PREFIX",
     "MAX_FILE_BYTES",
     "OTHER_ENV",
+    "ROOT_KEYS",
     "SETTINGS",
     "CdiConfig",
     "ConfigError",
@@ -110,10 +115,13 @@ __all__ = [
     "Settings",
     "UnhealthyWhen",
     "add_flags",
+    "check_roots",
     "docs_table",
     "env_warnings",
     "exclusive_first",
     "flag_values",
+    "flags_in",
+    "given_value",
     "kubelet_root_problem",
     "load_settings",
     "overlapping_hcas",
@@ -121,6 +129,7 @@ __all__ = [
     "read_config_file",
     "root_problem",
     "selected_hcas",
+    "setting_source",
     "validate_resource_name",
     "with_docs_table",
 ]
@@ -183,10 +192,9 @@ def load_settings(
         else:
             merged[name] = _Value(value, file_src, "file")
     for s in SETTINGS:
-        for var in s.env:
-            if var in env:
-                merged[s.key] = _Value(env[var], f"environment variable {var}", "env")
-                break
+        from_env = _env_value(s, env)
+        if from_env is not None:
+            merged[s.key] = from_env
     for key, value in flags.items():
         declared = BY_KEY.get(key)
         if declared is None or declared.flag is None:
@@ -196,6 +204,26 @@ def load_settings(
     settings = _build(merged, config_file, warnings)
     _check_static_overlap(settings, merged)
     return settings
+
+
+def _env_value(s: Setting, env: Mapping[str, str]) -> _Value | None:
+    """The variable of ``s`` that ``env`` sets (the first declared wins), as text."""
+    for var in s.env:
+        if var in env:
+            return _Value(env[var], f"environment variable {var}", "env")
+    return None
+
+
+def given_value(key: str, env: Mapping[str, str], flags: Mapping[str, object]) -> Any:
+    """One setting as ``load_settings`` reads it from its flag (first) or its variable, or
+    None when neither is given; a value ``serve`` refuses raises the same ConfigError.
+
+    For a caller that sees only these layers of a daemon, e.g. doctor reading a pod's spec.
+    """
+    s = BY_KEY[key]
+    flag = flags.get(key)
+    v = _Value(flag, _flag_source(s)) if flag is not None else _env_value(s, env)
+    return None if v is None else _value(s, v, key)
 
 
 def _unknown_key(name: str, allowed: Sequence[str]) -> str:
@@ -463,6 +491,7 @@ def _build(merged: Mapping[str, _Value], config_file: str | None,
     kw["dra"] = DraConfig(**grouped["dra"])
     kw["http"] = HttpConfig(**grouped["http"])
     kw["warnings"] = tuple(warnings)
+    kw["sources"] = {key: v.source for key, v in merged.items()}
     settings = Settings(**kw)
     if not settings.device_plugin_enabled and not settings.dra.enabled:
         v = merged["devicePlugin.enabled"]

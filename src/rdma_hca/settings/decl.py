@@ -302,6 +302,21 @@ def flag_values(namespace: argparse.Namespace) -> dict[str, object]:
             if s.flag is not None and hasattr(namespace, s.dest)}
 
 
+def flags_in(argv: Sequence[str], settings: Iterable[Setting]) -> dict[str, object]:
+    """YAML key -> value of the flags of ``settings`` in ``argv``, a command line of serve's
+    that may hold other flags, parsed as serve's parser parses them (None: not given).
+
+    A flag serve would refuse raises :class:`argparse.ArgumentError` with argparse's words.
+    """
+    chosen = list(settings)
+    # Abbreviations off: with only some flags known, a prefix could pick the wrong one.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    add_flags(parser, chosen)
+    given, _ = parser.parse_known_args(list(argv))
+    keys = {s.key for s in chosen}
+    return {k: v for k, v in flag_values(given).items() if k in keys}
+
+
 def _metavar(s: Setting) -> str:
     if s.kind is Kind.ENUM:
         return "{" + ",".join(s.choices) + "}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -224,6 +224,9 @@ class Settings:
     config_file: str | None = None
     # One line each: things that work but are probably not what was meant.
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # YAML key -> the layer that gave its value ("flag --sysfs-root", "environment variable
+    # RDMA_HCA_SYSFS_ROOT", "config file ..."); a key not here has its default.
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         derived = {

@@ -43,8 +43,11 @@ def test_enabled_objects_are_valid_kubernetes(dra_render: RenderFn) -> None:
 def test_device_classes_select_the_driver(dra_render: RenderFn) -> None:
     objs = dra_render({**ON, "dra.driverName": "hca.example.com"})
     classes = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "DeviceClass"}
-    assert classes["hca.example.com"] == {
-        "selectors": [{"cel": {"expression": 'device.driver == "hca.example.com"'}}]}
+    # What each selects of the published devices: tests/deploy/test_deploy_dra.py.
+    for spec in classes.values():
+        (selector,) = spec["selectors"]
+        assert selector["cel"]["expression"].startswith('device.driver == "hca.example.com" && ')
+        assert 'device.attributes["hca.example.com"]' in selector["cel"]["expression"]
     assert classes["hca.example.com-extended"]["extendedResourceName"] == "rdma/hca"
     none = dra_render({**ON, "dra.extendedResourceName": ""})
     assert [o["metadata"]["name"] for o in none if o["kind"] == "DeviceClass"] == ["rdma-hca.io"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 
 import pytest
 
@@ -17,8 +18,13 @@ def test_demo_walks_through_slice_prepare_port_down_and_restart() -> None:
     assert run_dra_demo(out=out) == 0
     text = out.getvalue()
     assert "registered the driver (v1.DRAPlugin)" in text
-    assert "pool gpu-node-1 generation 1, 9 devices" in text
-    assert "mlx5-2       mlx5_2       pci0000:" in text
+    # Nine HCAs, and the node-wide device.
+    assert "pool gpu-node-1 generation 1, 10 devices" in text
+    assert "request container-0-request-0, one device of rdma-hca.io-extended -> all-hcas" \
+        in text
+    assert "the container gets 9 HCAs' device nodes + rdma_cm, RDMA_HCA_DEVICES=mlx5_0," in text
+    assert re.search(r"\n  mlx5-2 +mlx5_2 +pci0000:", text)
+    assert re.search(r"\n  all-hcas +every usable \(9\) +- ", text)
     assert "CDI ID rdma-hca.io/claim=" in text
     assert "taint rdma-hca.io/link-down=down:NoSchedule" in text
     assert "gpu-node-1/mlx5-3 UNHEALTHY" in text

@@ -65,7 +65,9 @@ def test_the_dra_health_is_the_pools_verdict(tmp_path: Path, rdma_cm: bool) -> N
     offer = Offer.build(inventory.hcas, "rdma-hca.io", Mode.SHARED, True, inventory.rdma_cm)
     pool = select(PoolConfig(), inventory)
     by_hca = {h.name: pool.hca_healthy(h) for h in inventory.hcas}
-    assert {h.name: ok for h, ok in zip(offer.hcas.values(), offer.health().values(),
-                                        strict=True)} == by_hca
+    health = offer.health()
+    assert {h.name: health[n] for n, h in offer.hcas.items()} == by_hca
     assert by_hca["mlx5_1"] is False
     assert by_hca["mlx5_0"] is rdma_cm
+    # The node-wide device: healthy while one HCA is, as a device plugin slot is given.
+    assert offer.health()["all-hcas"] is rdma_cm

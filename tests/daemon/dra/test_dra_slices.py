@@ -35,7 +35,10 @@ async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
     assert spec["driver"] == DRIVER and spec["nodeName"] == NODE
     assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
     devices = stage.devices()
-    assert sorted(devices) == ["mlx5-0", "mlx5-1", "mlx5-2", "mlx5-3", "mlx5-bond-0"]
+    # One device per HCA, and (shared mode) the node-wide one for rdma/hca.
+    assert sorted(devices) == ["all-hcas", "mlx5-0", "mlx5-1", "mlx5-2", "mlx5-3",
+                               "mlx5-bond-0"]
+    assert _attr(devices.pop("all-hcas"), f"{DRIVER}/kind") == "node"
     for name, hca in (("mlx5-0", "mlx5_0"), ("mlx5-3", "mlx5_3"), ("mlx5-bond-0", "mlx5_bond_0")):
         d = devices[name]
         spec_of = dra_node.specs[hca]
@@ -43,6 +46,7 @@ async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
         assert _attr(d, f"{STD}/pciBusID") == spec_of.pci_address
         assert _attr(d, f"{STD}/numaNode") == spec_of.numa_node
         assert _attr(d, f"{DRIVER}/hcaName") == hca
+        assert _attr(d, f"{DRIVER}/kind") == "hca"
         assert _attr(d, f"{DRIVER}/vendor") == "0x15b3"
         assert _attr(d, f"{DRIVER}/nodeGUID") == spec_of.node_guid
         assert _attr(d, f"{DRIVER}/linkLayer") == "Ethernet"
@@ -110,7 +114,9 @@ async def test_port_down_taints_the_device_in_one_write_and_reports_health(
 async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: sim.SimNode) -> None:
     dra_node.remove_hca("mlx5_1")
     assert await stage.until(lambda: "mlx5-1" not in stage.devices())
-    assert sorted(stage.devices()) == ["mlx5-0", "mlx5-2", "mlx5-3", "mlx5-bond-0"]
+    assert sorted(stage.devices()) == ["all-hcas", "mlx5-0", "mlx5-2", "mlx5-3",
+                                       "mlx5-bond-0"]
+    assert stage.devices()["all-hcas"]["attributes"][f"{DRIVER}/hcaCount"] == {"int": 4}
     assert _generation(stage) == 1  # one slice rewritten: no need to bump
 
 
@@ -172,7 +178,7 @@ async def test_selectors_limit_the_offered_hcas(
     tune = with_changes(selectors=Selectors(names=("mlx5_1", "mlx5_bond_*")))
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert await s.until(lambda: bool(s.devices()))
-        assert sorted(s.devices()) == ["mlx5-1", "mlx5-bond-0"]
+        assert sorted(s.devices()) == ["all-hcas", "mlx5-1", "mlx5-bond-0"]
 
 
 async def test_api_server_errors_are_retried_never_fatal(

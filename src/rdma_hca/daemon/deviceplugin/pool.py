@@ -21,6 +21,7 @@ from rdma_hca.daemon.deviceplugin.bounds import shorten_ids
 from rdma_hca.daemon.offer.cdi import qualified_name
 from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings, container_env
 from rdma_hca.daemon.offer.health import hca_healthy, rdma_cm_ok
+from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 from rdma_hca.settings.config import Mode, PoolConfig, UnhealthyWhen
@@ -95,7 +96,7 @@ class PoolView:
 
     @property
     def usable(self) -> tuple[Hca, ...]:
-        return tuple(h for h in self.hcas if h.usable)
+        return every_usable(self.hcas)
 
     @property
     def empty(self) -> bool:

@@ -33,6 +33,7 @@ from rdma_hca.daemon.dra.checkpoint import (
     PreparedDevice,
 )
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.histogram import Histogram
@@ -157,6 +158,7 @@ class ClaimKeeper:
         self.config = config
         self.api: ClaimReader | None = None
         self.hcas: Mapping[str, Hca] = {}  # device name -> HCA, of the current offer
+        self.groups: Mapping[str, Sequence[Hca]] = {}  # the node-wide device -> its HCAs
         self.rdma_cm: CharDevice | None = None
         self.prepared: Claims = {}
         self.on_prepared = on_prepared
@@ -414,23 +416,43 @@ class ClaimKeeper:
             self._hook(uid, "on_prepared", lambda: hook(claim, prepared.devices))
         return PrepareResult(prepared.devices)
 
-    def _plan(self, claim: Claim) -> tuple[PreparedClaim, dict[str, Hca]]:
+    def _plan(self, claim: Claim) -> tuple[PreparedClaim, dict[str, tuple[Hca, ...]]]:
         driver, pool = self.config.driver_name, self.config.pool_name
         ours = claim.of(driver)
         if not ours:
             raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
                              f"driver {driver} allocated")
-        hcas: dict[str, Hca] = {}
-        devices: list[PreparedDevice] = []
+        hcas: dict[str, tuple[Hca, ...]] = {}
+        requests: dict[str, list[str]] = {}
         for r in ours:
             if r.pool != pool:
                 raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
                                  f"from this node's pool {pool}")
-            hca = self._hca(r.device, None)
-            hcas[r.device] = hca
-            devices.append(PreparedDevice((r.request,), pool, r.device, hca.name,
-                                          (files.cdi_id(driver, claim.uid, r.device),)))
-        return PreparedClaim(claim.namespace, claim.name, tuple(devices)), hcas
+            if r.device not in hcas:
+                hcas[r.device] = self._hcas_of(r.device, None)
+            # A shared device can be in one claim twice (rdma/hca: 2 on the node-wide
+            # device, two share IDs): one CDI device, for each request that got it.
+            names = requests.setdefault(r.device, [])
+            if r.request not in names:
+                names.append(r.request)
+        devices = tuple(
+            PreparedDevice(tuple(requests[d]), pool, d, ",".join(h.name for h in hcas[d]),
+                           (files.cdi_id(driver, claim.uid, d),))
+            for d in hcas)
+        return PreparedClaim(claim.namespace, claim.name, devices), hcas
+
+    def _hcas_of(self, device: str, hca_name: str | None) -> tuple[Hca, ...]:
+        """The HCAs a device gives: its own, or for the node-wide device every usable HCA
+        now (``offer.shared``: what a device plugin slot gives)."""
+        group = self.groups.get(device)
+        if group is None:
+            return (self._hca(device, hca_name),)
+        usable = every_usable(group)
+        if not usable:
+            why = "; ".join(p for h in group for p in h.problems) or "no verbs device node"
+            raise ClaimError(f"device {device} stands for every HCA of this node, and none "
+                             f"can be used now: {why}")
+        return usable
 
     def _hca(self, device: str, hca_name: str | None) -> Hca:
         hca = self.hcas.get(device)
@@ -447,7 +469,7 @@ class ClaimKeeper:
         path = files.cdi_spec_path(spec_dir, driver, uid)
         if await self._run(f"looking for {path}", lambda: os.path.exists(path)):
             return
-        hcas = {d.device: self._hca(d.device, d.hca) for d in claim.devices}
+        hcas = {d.device: self._hcas_of(d.device, d.hca) for d in claim.devices}
         pod_claim = (await self._run(
             "reading the device metadata of claim " + uid,
             lambda: metadata.written_pod_claim(self.config.plugin_dir, claim))
@@ -460,13 +482,15 @@ class ClaimKeeper:
 
         await self._run(f"writing {path}", write)
 
-    def _files_of(self, uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
+    def _files_of(self, uid: str, claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]],
                   pod_claim: str | None) -> tuple[metadata.Plan, dict[str, Any]]:
         """A claim's device metadata files and its CDI spec, from one env (the spec's
         devices set it, and the metadata files repeat it)."""
-        env = files.claim_env(list(hcas.values()), self.config.env)
+        every = {h.name: h for hs in hcas.values() for h in hs}
+        env = files.claim_env(list(every.values()), self.config.env)
         meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
-                             self.config.plugin_dir, uid, claim, hcas, env, pod_claim)
+                             self.config.plugin_dir, uid, claim, hcas, env, pod_claim,
+                             self.groups.keys())
         spec = files.claim_spec(self.config.driver_name, uid, claim, hcas, self.rdma_cm, env,
                                 meta.mounts)
         return meta, spec

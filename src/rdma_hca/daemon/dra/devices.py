@@ -3,6 +3,12 @@
 Attribute names without a domain are the driver's own; the ``resource.kubernetes.io``
 ones are the standard attributes GPU drivers publish too, which is what lets one claim
 put a GPU and an HCA under the same PCIe root.
+
+Two kinds of device (the ``kind`` attribute tells them apart for CEL): one per HCA
+(``hca``), for claims that pick HCAs, and in shared mode one more for the node
+(``node``, named ``all-hcas``), which stands for every usable HCA as one ``rdma/hca``
+slot of the device plugin does. Only the extended-resource DeviceClass selects it, so a
+pod's ``rdma/hca: 1`` (ONE device of that class) gets what the device plugin gave it.
 """
 
 from __future__ import annotations
@@ -11,17 +17,25 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_hca.daemon.offer.health import hca_healthy
+from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.node.model import CharDevice, Hca
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.config import DEFAULT_RDMA_HCA_MAX, Mode
 
 STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name
 DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
+KIND = "kind"  # qualified with the driver name
+KIND_HCA = "hca"
+KIND_NODE = "node"
+NODE_DEVICE = "all-hcas"
+SLOTS = "slots"  # the node-wide device's capacity, qualified with the driver name
+# As many pods at once as the device plugin's shared slots (its `1k`).
+NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
 
 
 def device_names(names: Iterable[str]) -> dict[str, str]:
@@ -37,17 +51,19 @@ def device_names(names: Iterable[str]) -> dict[str, str]:
         counts[label] = counts.get(label, 0) + 1
     out: dict[str, str] = {}
     for n in names:
-        label = plain[n]
-        if counts[label] > 1:
-            suffix = hashlib.sha256(n.encode()).hexdigest()[:8]
-            label = f"{label[: MAX_DNS_LABEL - 9].rstrip('-')}-{suffix}"
-        out[n] = label
+        out[n] = _unused_label(n) if counts[plain[n]] > 1 else plain[n]
     return out
 
 
 def _label(name: str) -> str:
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:MAX_DNS_LABEL].strip("-")
     return label or "hca"
+
+
+def _unused_label(name: str) -> str:
+    """The label with a suffix from a hash of the name, for a label that is taken."""
+    suffix = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{_label(name)[: MAX_DNS_LABEL - 9].rstrip('-')}-{suffix}"
 
 
 
@@ -77,6 +93,7 @@ def attributes(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
     put(f"{STANDARD}/pciBusID", "string", hca.pci_bus_id)
     if hca.numa_node is not None and hca.numa_node >= 0:
         put(f"{STANDARD}/numaNode", "int", hca.numa_node)
+    put(f"{driver}/{KIND}", "string", KIND_HCA)
     put(f"{driver}/hcaName", "string", hca.name)
     put(f"{driver}/netdev", "string", hca.netdevs[0] if hca.netdevs else None)
     put(f"{driver}/linkLayer", "string", _link_layer(hca))
@@ -102,26 +119,76 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool) -> dict[s
     return entry
 
 
+def hca_device_names(names: Iterable[str], *, node_device: bool) -> dict[str, str]:
+    """:func:`device_names`, keeping ``all-hcas`` free for the node-wide device (an HCA
+    named ``all_hcas`` gets a hashed suffix instead)."""
+    out = device_names(names)
+    if node_device:
+        out = {n: _unused_label(n) if label == NODE_DEVICE else label
+               for n, label in out.items()}
+    return out
+
+
+def node_attributes(hcas: Sequence[Hca], driver: str) -> dict[str, dict[str, Any]]:
+    usable = every_usable(hcas)
+    up = any(h.any_port_up for h in usable)
+    return {f"{driver}/{KIND}": {"string": KIND_NODE},
+            f"{driver}/hcaCount": {"int": len(usable)},
+            f"{driver}/linkState": {"string": "up" if up else "down"}}
+
+
+def node_device(hcas: Sequence[Hca], driver: str, taints: bool) -> dict[str, Any]:
+    """The node-wide device: every usable HCA, for any number of pods at once.
+
+    ``allowMultipleAllocations`` lets every pod's claim have it; the ``slots`` capacity
+    (consumable capacity: each allocation takes its request policy's default, 1) bounds
+    them to the device plugin's 1000. Tainted only when no HCA can carry traffic: one
+    port down still leaves the others, as the device plugin's slots keep being given.
+    """
+    entry: dict[str, Any] = {
+        "name": NODE_DEVICE, "attributes": node_attributes(hcas, driver),
+        "allowMultipleAllocations": True,
+        "capacity": {f"{driver}/{SLOTS}": {
+            "value": str(NODE_SLOTS),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}}}}}
+    if taints and not any(h.usable and h.any_port_up for h in hcas):
+        entry["taints"] = [{"key": f"{driver}/{LINK_DOWN_TAINT}", "value": "down",
+                            "effect": "NoSchedule"}]
+    return entry
+
+
 @dataclass(frozen=True, slots=True)
 class Offer:
     """What the driver offers at one moment: devices by name, and the slice's device list."""
 
-    hcas: Mapping[str, Hca]  # device name -> HCA
+    hcas: Mapping[str, Hca]  # per-HCA device name -> HCA
     devices: Sequence[dict[str, Any]]
     digest: str
     rdma_cm: CharDevice | None = None
+    # Devices that stand for several HCAs (the node-wide one, in shared mode) -> every
+    # selected HCA in the inventory's order, which is the device plugin's order too.
+    groups: Mapping[str, tuple[Hca, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
               rdma_cm: CharDevice | None) -> Offer:
-        names = device_names(h.name for h in hcas)
+        # Exclusive mode keeps one HCA per unit: a device every pod shares has no place.
+        node_wide = mode is Mode.SHARED and bool(hcas)
+        names = hca_device_names((h.name for h in hcas), node_device=node_wide)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
         devices = [device(h, n, driver, mode, taints) for n, h in by_device.items()]
-        return cls(by_device, devices, digest(devices), rdma_cm)
+        groups: dict[str, tuple[Hca, ...]] = {}
+        if node_wide:
+            devices.append(node_device(hcas, driver, taints))
+            groups[NODE_DEVICE] = tuple(hcas)
+        return cls(by_device, devices, digest(devices), rdma_cm, groups)
 
     def health(self) -> dict[str, bool]:
-        """Each device's health as the device plugin judges its HCA (``offer.health``)."""
-        return {n: hca_healthy(h, self.rdma_cm) for n, h in self.hcas.items()}
+        """Each device's health as the device plugin judges its HCA (``offer.health``);
+        the node-wide device is healthy while one of its HCAs is."""
+        out = {n: hca_healthy(h, self.rdma_cm) for n, h in self.hcas.items()}
+        out.update({n: any_healthy(hs, self.rdma_cm) for n, hs in self.groups.items()})
+        return out
 
 
 def digest(devices: Sequence[Mapping[str, Any]]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT = 1.0
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -68,29 +66,6 @@ def check_config(config: DriverConfig) -> None:
         if socket_path_problem(path) is not None:
             raise DraConfigError(f"socket path {path} is too long for a unix socket "
                                  "(107 bytes at most): use a shorter kubelet root directory")
-
-
-def credentials_tried(kubeconfig: str | None) -> str:
-    """Where the API client looked for credentials, and what it found there (blocks)."""
-    if kubeconfig:
-        return f"the kubeconfig file {kubeconfig}" + (
-            "" if os.path.exists(kubeconfig) else " (missing)")
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    if not host:
-        incluster = "the in-cluster service account (KUBERNETES_SERVICE_HOST is not set)"
-    else:
-        incluster = "the in-cluster service account (" + (
-            f"{SERVICE_ACCOUNT_TOKEN} is missing" if not os.path.exists(SERVICE_ACCOUNT_TOKEN)
-            else f"{SERVICE_ACCOUNT_TOKEN}") + ")"
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        files = f"KUBECONFIG={env}" + ("" if all(os.path.exists(p) for p in env.split(":"))
-                                       else " (missing)")
-    else:
-        home = os.path.expanduser("~/.kube/config")
-        files = f"{home} (KUBECONFIG is not set" + (
-            ")" if os.path.exists(home) else "; the file is missing)")
-    return f"{incluster}, then {files}"
 
 
 class DraDriver:
@@ -195,15 +170,8 @@ class DraDriver:
                                                    claim_burst=self.config.claim_api_burst,
                                                    off=self._files)
             except KubeApiError as exc:
-                tried = await self._files.run("looking for API server credentials",
-                                              lambda: credentials_tried(self.config.kubeconfig))
-                cause = exc.__cause__ or exc
-                raise DraConfigError(
-                    f"the DRA driver found no usable API server credentials: tried {tried} "
-                    f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-                    f"); run it in a pod with its service account token mounted (the chart "
-                    f"does when dra.enabled is true), or set KUBECONFIG to a kubeconfig "
-                    f"file") from None
+                # The message names what serve accepts and tried (rdma_hca.kube.credentials).
+                raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
         await self.claims.load()
         self.claims.start()
         self.claims.api = self._api
@@ -269,6 +237,7 @@ class DraDriver:
         offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode, self.taints,
                             self.rdma_cm)
         self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
+        self.claims.groups = offer.groups
         # Replaced even when the slice stays as it is: the health verdict also follows
         # rdma_cm, which the slice does not show.
         changed, self.offer = offer.digest != self.offer.digest, offer

@@ -55,18 +55,20 @@ def claim_env(hcas: Sequence[Hca], env: EnvSettings) -> list[str]:
     return [f"{k}={v}" for k, v in container_env(hcas, env).items()]
 
 
-def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim, hcas: Mapping[str, Hca],
-               rdma_cm: CharDevice | None, env: Sequence[str],
-               mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
+def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
+               hcas: Mapping[str, Sequence[Hca]], rdma_cm: CharDevice | None,
+               env: Sequence[str], mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
                ) -> dict[str, Any]:
-    """The CDI spec of one claim: one CDI device per allocated HCA (``hcas`` by device).
+    """The CDI spec of one claim: one CDI device per allocated device, with the device
+    nodes of its HCAs (``hcas`` by device: one, or every usable HCA for the node-wide one).
 
     Every device carries the claim's whole HCA list in its env, so a container gets one
     consistent value (``env``, from :func:`claim_env`); ``mounts`` (by device) are the
     device metadata files of its requests.
     """
     devices = [
-        CdiDevice(cdi_device_name(claim_uid, d.device), hcas[d.device].device_nodes(), env,
+        CdiDevice(cdi_device_name(claim_uid, d.device),
+                  [n for h in hcas[d.device] for n in h.device_nodes()], env,
                   {f"{driver}/device": d.device, f"{driver}/pool": d.pool,
                    f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names)},
                   tuple((mounts or {}).get(d.device, ())))

@@ -1,7 +1,7 @@
 """The driver's API server calls, through the one client (rdma_hca.kube), as plain dicts.
 
-Credentials: a kubeconfig file when one is given, else the in-cluster service account,
-else ``KUBECONFIG``/``~/.kube/config``. lightkube loads only when the driver starts.
+Credentials: a kubeconfig file when one is given, else as ``SERVE_CREDENTIALS`` says.
+lightkube loads only when the driver starts.
 
 Two budgets (client-side rate limits), so a pod's start never queues behind what the
 driver sends on its own:
@@ -24,7 +24,7 @@ from typing import Any
 
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, off_loop
-from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.credentials import CredentialSearch, load_credentials
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import ClientPolicy, Priority, Rate
 from rdma_hca.kube.tally import ApiTally
@@ -54,6 +54,11 @@ KNOWN_REQUESTS = (
     ("resourceslices", "delete", "200"),
     ("nodes", "get", "200"),
 )
+# serve has no credential flags: in a pod its service account, else a kubeconfig file.
+SERVE_CREDENTIALS = CredentialSearch(
+    in_cluster_first=True,
+    in_pod_fix="run it in a pod with its service account token mounted (the chart does when "
+               "dra.enabled is true)")
 
 
 def _q(name: str) -> str:
@@ -81,17 +86,14 @@ class SliceApi:
         given) and make the client: ``qps``/``burst`` the driver's own budget,
         ``claim_qps``/``claim_burst`` the claim reads'."""
         env, home = dict(os.environ), Path.home()
-        try:
-            creds = await off_loop(off, "reading the API server credentials", lambda: (
-                load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
-                                 in_cluster_first=True)))
-            client = await ApiClient.connect(
-                creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
-                                    rate_name=DRIVER_BUDGET,
-                                    rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
-                off=off)
-        except KubeError as exc:
-            raise KubeError(f"no usable API server credentials: {exc}") from exc
+        creds = await off_loop(off, "reading the API server credentials", lambda: (
+            load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
+                             accepts=SERVE_CREDENTIALS)))
+        client = await ApiClient.connect(
+            creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
+                                rate_name=DRIVER_BUDGET,
+                                rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
+            off=off)
         return cls(client)
 
     async def close(self) -> None:

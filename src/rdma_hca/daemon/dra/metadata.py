@@ -28,12 +28,12 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_hca.daemon.dra.checkpoint import PreparedClaim
-from rdma_hca.daemon.dra.devices import attributes
+from rdma_hca.daemon.dra.devices import attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
 from rdma_hca.settings.config import DeviceMetadata
@@ -120,6 +120,16 @@ def device_attributes(hca: Hca, driver: str, env: Sequence[str]) -> dict[str, di
     return attrs
 
 
+def group_attributes(hcas: Sequence[Hca], driver: str,
+                     env: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The node-wide device's: what the slice publishes of it, and the container env
+    (which names its HCAs); the GIDs of many HCAs are each HCA's own device's."""
+    attrs = node_attributes(hcas, driver)
+    if env:
+        attrs[f"{driver}/{CONTAINER_ENV}"] = {"strings": list(env)}
+    return attrs
+
+
 @dataclass(frozen=True, slots=True)
 class MetadataFile:
     host_path: str
@@ -153,16 +163,18 @@ def document(version: str, claim: PreparedClaim, uid: str, pod_claim: str | None
 
 
 def plan(setting: DeviceMetadata, driver: str, plugin_dir: str, uid: str,
-         claim: PreparedClaim, hcas: Mapping[str, Hca], env: Sequence[str],
-         pod_claim: str | None) -> Plan:
-    """The files of every request of ``claim`` (``hcas`` by device), or nothing when off."""
+         claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]], env: Sequence[str],
+         pod_claim: str | None, groups: Collection[str] = ()) -> Plan:
+    """The files of every request of ``claim`` (``hcas`` by device; ``groups`` names the
+    devices that stand for several HCAs), or nothing when off."""
     wanted = versions(setting)
     if not wanted:
         return NOTHING
     by_request: dict[str, list[dict[str, Any]]] = {}
     for d in claim.devices:
-        entry = {"driver": driver, "pool": d.pool, "name": d.device,
-                 "attributes": device_attributes(hcas[d.device], driver, env)}
+        attrs = (group_attributes(hcas[d.device], driver, env) if d.device in groups
+                 else device_attributes(hcas[d.device][0], driver, env))
+        entry = {"driver": driver, "pool": d.pool, "name": d.device, "attributes": attrs}
         for request in d.request_names:
             by_request.setdefault(request, []).append(entry)
     files: list[MetadataFile] = []

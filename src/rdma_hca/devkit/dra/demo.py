@@ -2,7 +2,8 @@
 
 A kubelet emulator registers the driver through its plugin watcher, a fake API server
 over HTTP stores the ResourceSlices and ResourceClaims. The walkthrough shows the slice
-appearing with each HCA's PCIe root, a claim being prepared into a CDI device, a port
+appearing with each HCA's PCIe root, a claim being prepared into a CDI device, the
+guide's ``rdma/hca: 1`` getting every HCA through the extended-resource class, a port
 going down and the slice changing, and the kubelet restarting.
 """
 
@@ -12,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from rdma_hca.daemon.dra.devices import NODE_DEVICE
 from rdma_hca.devkit.demo import run_walkthrough
+from rdma_hca.devkit.dra.extended import extended_claim
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.text import text_table
@@ -53,12 +56,16 @@ async def _demo(out: TextIO, workdir: Path) -> None:
             ("DEVICE", "HCA", "pcieRoot", "GPUs UNDER IT", "NUMA", "NETDEV", "LINK")]
         for name, d in sorted(stage.devices().items()):
             root = _value(d, f"{STD}/pcieRoot")
-            rows.append((name, _value(d, f"{DRIVER}/hcaName"), root,
-                         str(len(gpus.get(root, []))), _value(d, f"{STD}/numaNode"),
+            hca = (f"every usable ({_value(d, f'{DRIVER}/hcaCount')})" if name == NODE_DEVICE
+                   else _value(d, f"{DRIVER}/hcaName"))
+            rows.append((name, hca, root,
+                         str(len(gpus.get(root, []))) if root != "-" else "-",
+                         _value(d, f"{STD}/numaNode"),
                          _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState")))
         say("\n".join(text_table(rows, indent="  ")))
         say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
-            "and an HCA request gets both from one row's root complex.")
+            "and an HCA request gets both from one row's root complex; all-hcas is what "
+            f"the {DRIVER}-extended class (rdma/hca) selects.")
         say()
 
         say("== A claim is prepared ==")
@@ -75,6 +82,27 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         say(f"CDI spec {next(stage.cdi_dir.iterdir()).name}: "
             f"{', '.join(n['path'] for n in edits['deviceNodes'])} + "
             f"{spec['containerEdits']['deviceNodes'][0]['path']}; env {', '.join(edits['env'])}")
+        say()
+
+        say("== The guide's Job asks rdma/hca: 1, served by DRA ==")
+        claim, ext = extended_claim(stage.api, "default", "hps-benchmark-x7k2p", driver=DRIVER,
+                                    pool=NODE, device=NODE_DEVICE,
+                                    device_class=f"{DRIVER}-extended",
+                                    consumed={f"{DRIVER}/slots": "1"})
+        resp = await stage.kubelet.prepare(DRIVER, [("default", ext, claim)])
+        entry = resp.claims[ext]
+        if entry.error:
+            raise TimeoutError(f"prepare failed: {entry.error}")
+        (device,) = entry.devices
+        say(f"The scheduler's claim {claim}: request {device.request_names[0]}, one device "
+            f"of {DRIVER}-extended -> {device.device_name}")
+        spec = json.loads((stage.cdi_dir / f"{DRIVER}-claim-{ext}.json").read_text())
+        edits = spec["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        say(f"  the container gets {len(edits['deviceNodes'])} HCAs' device nodes + rdma_cm, "
+            f"RDMA_HCA_DEVICES={env['RDMA_HCA_DEVICES']}: what the device plugin's "
+            "rdma/hca: 1 gives")
+        await stage.kubelet.unprepare(DRIVER, [("default", ext, claim)])
         say()
 
         say("== A port goes down ==")

@@ -7,6 +7,10 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
   = 64`` when any device of the slice has taints (validateResourceSliceSpec);
 - ``ResourceSliceMaxAttributesAndCapacitiesPerDevice = 32`` (attributes + capacity);
 - ``DeviceTaintsMaxLength = 16`` taints per device;
+- a capacity's ``requestPolicy`` only on a device with ``allowMultipleAllocations``, one
+  of ``validValues``/``validRange``, a ``default`` that the policy allows (validRange:
+  ``min`` given, ``default`` not below it, ``min + step`` within ``value``: upstream's
+  validateRequestPolicy);
 - ``DriverNameMaxLength = 63`` (a DNS subdomain); ``PoolNameMaxLength = 253`` (DNS
   subdomains separated by slashes); a device name is a DNS label (63);
 - a qualified attribute name: a C identifier of at most ``DeviceMaxIDLength = 32``, after an
@@ -23,7 +27,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from fractions import Fraction
 from typing import Any
+
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
@@ -102,8 +109,14 @@ def _check_device(d: Any, i: int) -> None:
         if isinstance(text, str) and len(text) > MAX_STRING_VALUE:
             raise Invalid(f"{where}.attributes[{key}].string: Too long: may not be more "
                           f"than {MAX_STRING_VALUE} bytes")
-    for key in capacity:
+    for key, value in capacity.items():
         _check_attribute_name(key, f"{where}.capacity[{key}]")
+        policy = value.get("requestPolicy") if isinstance(value, dict) else None
+        if policy is not None:
+            if d.get("allowMultipleAllocations") is not True:
+                raise Invalid(f"{where}.capacity[{key}].requestPolicy: Forbidden: "
+                              "allowMultipleAllocations must be true")
+            _check_request_policy(value, policy, f"{where}.capacity[{key}].requestPolicy")
     taints = d.get("taints") or []
     if len(taints) > MAX_TAINTS:
         raise Invalid(f"{where}.taints: Too many: {len(taints)}: must have at most "
@@ -111,6 +124,61 @@ def _check_device(d: Any, i: int) -> None:
     for j, t in enumerate(taints):
         if t.get("effect") not in ("NoSchedule", "NoExecute", "None"):
             raise Invalid(f"{where}.taints[{j}].effect: Unsupported value: {t.get('effect')!r}")
+
+
+def _quantity(text: object, where: str) -> Fraction:
+    try:
+        return parse_quantity(str(text)).value
+    except QuantityError as exc:
+        raise Invalid(f"{where}: Invalid value: {text!r}: {exc}") from None
+
+
+def _check_request_policy(capacity: dict[str, Any], policy: Any, where: str) -> None:
+    if not isinstance(policy, dict):
+        raise Invalid(f"{where}: Invalid value: an object is required")
+    top = _quantity(capacity.get("value"), where.rsplit(".", 1)[0] + ".value")
+    valid_range: dict[str, Any] = policy.get("validRange") or {}
+    valid_values: list[Any] = policy.get("validValues") or []
+    if valid_range and valid_values:
+        raise Invalid(f'{where}: Forbidden: exactly one policy can be specified, cannot '
+                      f'specify "validValues" and "validRange" at the same time')
+    if not (valid_range or valid_values):
+        return
+    if policy.get("default") is None:
+        which = "validRange" if valid_range else "validValues"
+        raise Invalid(f"{where}.default: Required value: required when {which} is defined")
+    default = _quantity(policy["default"], f"{where}.default")
+    if valid_values:
+        options = [_quantity(v, f"{where}.validValues") for v in valid_values]
+        if any(o > top for o in options):
+            raise Invalid(f"{where}.validValues: Invalid value: option is larger than "
+                          "capacity value")
+        if default not in options:
+            raise Invalid(f"{where}.validValues: Invalid value: {policy['default']!r}: "
+                          "default value is not valid according to the requestPolicy")
+        return
+    if valid_range.get("min") is None:
+        raise Invalid(f"{where}.validRange.min: Required value: required when validRange "
+                      "is defined")
+    low = _quantity(valid_range["min"], f"{where}.validRange.min")
+    if low > top:
+        raise Invalid(f"{where}.validRange.min: Invalid value: min is larger than capacity "
+                      "value")
+    if default < low:
+        raise Invalid(f"{where}.validRange.min: Invalid value: default is less than min")
+    if valid_range.get("max") is not None:
+        high = _quantity(valid_range["max"], f"{where}.validRange.max")
+        if low > high or high > top or default > high:
+            raise Invalid(f"{where}.validRange.max: Invalid value: max must be at least min "
+                          "and default, and at most the capacity value")
+    if valid_range.get("step") is not None:
+        step = _quantity(valid_range["step"], f"{where}.validRange.step")
+        if low + step > top:
+            raise Invalid(f"{where}.validRange.step: Invalid value: one step is larger than "
+                          "capacity value")
+        if step and (default - low) % step:
+            raise Invalid(f"{where}.validRange.step: Invalid value: value is not a multiple "
+                          "of a given step from min")
 
 
 def check_slice(obj: dict[str, Any], *, taints_allowed: bool) -> None:

@@ -39,9 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     cl = p.add_argument_group("cluster view")
-    cl.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
-                    "then the in-cluster service account)")
-    cl.add_argument("--context", help="kubeconfig context (default: current-context)")
+    cl.add_argument(kubeapi.KUBECONFIG_FLAG, dest="kubeconfig",
+                    help=f"kubeconfig file (default: {kubeapi.CREDENTIALS.fallbacks()})")
+    cl.add_argument(kubeapi.CONTEXT_FLAG, dest="context",
+                    help="kubeconfig context (default: current-context)")
     cl.add_argument("--namespace", default="kube-system", help="namespace of the DaemonSet")
     cl.add_argument("--name", default="ack-rdma-dp-ds", help="name of the DaemonSet")
     cl.add_argument("--resource", default="rdma/hca", help="extended resource name to check")
@@ -115,7 +116,7 @@ def run_cluster(
     try:
         creds = kubeapi.load_credentials(
             kubeconfig=args.kubeconfig, context=args.context, env=env, home=home,
-            in_cluster_root=in_cluster_root,
+            in_cluster_root=in_cluster_root, accepts=kubeapi.CREDENTIALS,
         )
         client = kubeapi.KubeClient(creds, timeout=args.timeout)
         try:

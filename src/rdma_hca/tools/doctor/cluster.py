@@ -8,6 +8,7 @@ can be tested on plain dictionaries shaped like real API objects.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
+from rdma_hca.settings.config import BY_KEY, ConfigError, flags_in, given_value
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
 from rdma_hca.tools.doctor.result import Check
@@ -29,6 +31,7 @@ RDMA_LABELS: tuple[tuple[str, str], ...] = (
     ("rdma.hca/enabled", "true"),
 )
 CHART_DIR = "deploy/helm/ack-rdma-device-plugin"
+_DEVICE_PLUGIN = BY_KEY["devicePlugin.enabled"]
 RBAC_FIX = (
     "kubectl create clusterrole rdma-hca-doctor --verb=get,list "
     "--resource=nodes,pods,daemonsets.apps && kubectl create clusterrolebinding "
@@ -408,11 +411,19 @@ def _judge_node(
     checks: list[Check] = []
     if pod is not None and pod_name is not None:
         checks.append(_pod_check(name, node, pod, bool(ready_pods), kns))
+        try:
+            plugin_off = device_plugin_enabled(pod) is False
+        except (ConfigError, argparse.ArgumentError) as exc:
+            plugin_off = False
+            checks.append(Check(name, "plugin settings", False, f"{pod_name}: {exc}",
+                                "rdma-hca serve refuses it and exits at start: set "
+                                f"{_DEVICE_PLUGIN.key} to true or false (the chart's value "
+                                "of the same name)"))
         if cap_text is None and has_slices:
             # No extended resource but the driver's slice: a node served by DRA only.
             checks.append(Check(name, f"{resource} advertised", True,
                                 "not advertised: the node offers its HCAs through DRA only"))
-        elif has_slices and alloc == 0 and _device_plugin_off(pod):
+        elif has_slices and alloc == 0 and plugin_off:
             # The kubelet keeps a device plugin's resource after the plugin went away, at 0
             # allocatable: a node moved to DRA looks like one whose HCAs are all down.
             checks.append(Check(
@@ -442,15 +453,21 @@ def _judge_node(
     return row, checks
 
 
-def _device_plugin_off(pod: Mapping[str, Any]) -> bool:
-    """The pod runs the DRA driver alone (the chart's devicePlugin.enabled=false)."""
+def device_plugin_enabled(pod: Mapping[str, Any]) -> bool | None:
+    """Whether the pod serves the device plugin (False: the DRA driver alone, the chart's
+    devicePlugin.enabled=false), read from a container's flags and variables as serve reads
+    them; None when none sets it (the config file, out of doctor's sight, or the default
+    decides). A value serve refuses raises what serve says of it."""
     for container in pod.get("spec", {}).get("containers") or []:
-        if "--no-device-plugin" in (container.get("args") or []):
-            return True
-        for env in container.get("env") or []:
-            if env.get("name") == "RDMA_HCA_DEVICE_PLUGIN_ENABLED":
-                return str(env.get("value", "")).strip().lower() in ("false", "0", "no", "off")
-    return False
+        words = [str(w) for w in [*(container.get("command") or []),
+                                  *(container.get("args") or [])]]
+        # A variable taken from a ConfigMap or Secret is out of sight too.
+        env = {str(e.get("name")): str(e.get("value", "")) for e in container.get("env") or []
+               if isinstance(e, dict) and "valueFrom" not in e}
+        enabled = given_value(_DEVICE_PLUGIN.key, env, flags_in(words, [_DEVICE_PLUGIN]))
+        if enabled is not None:
+            return bool(enabled)
+    return None
 
 
 def _pod_check(

@@ -12,7 +12,12 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import Credentials, label_selector, load_credentials
+from rdma_hca.kube.credentials import (
+    Credentials,
+    CredentialSearch,
+    label_selector,
+    load_credentials,
+)
 from rdma_hca.kube.errors import (
     ApiError,
     ConfigError,
@@ -22,10 +27,13 @@ from rdma_hca.kube.errors import (
 )
 from rdma_hca.kube.policy import ClientPolicy
 
-__all__ = ["ApiError", "ConfigError", "Credentials", "KubeClient", "KubeError",
+__all__ = ["CREDENTIALS", "ApiError", "ConfigError", "Credentials", "KubeClient", "KubeError",
            "NotFoundError", "UnreachableError", "label_selector", "load_credentials"]
 
 DEFAULT_TIMEOUT = 10.0
+# doctor's own flags, which its credential messages name (kubectl's order otherwise).
+KUBECONFIG_FLAG, CONTEXT_FLAG = "--kubeconfig", "--context"
+CREDENTIALS = CredentialSearch(kubeconfig_flag=KUBECONFIG_FLAG, context_flag=CONTEXT_FLAG)
 T = TypeVar("T")
 
 
