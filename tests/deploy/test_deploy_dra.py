@@ -92,9 +92,10 @@ def test_dra_beside_the_device_plugin(render: RenderFn) -> None:
     assert cfg["dra"]["selectors"] == {"names": ["mlx5_2"], "linkLayers": ["InfiniBand"]}
     # The driver's own settings come from the chart's dra values, defaults included.
     assert {k: cfg["dra"][k] for k in ("mode", "deviceMetadata", "apiQps", "apiBurst",
+                                       "claimApiQps", "claimApiBurst",
                                        "resyncSeconds", "startJitterSeconds")} == {
         "mode": "shared", "deviceMetadata": "off", "apiQps": 5, "apiBurst": 10,
-        "resyncSeconds": 60, "startJitterSeconds": 5}
+        "claimApiQps": 50, "claimApiBurst": 100, "resyncSeconds": 60, "startJitterSeconds": 5}
 
 
 def test_cdi_spec_dir_is_mounted_once_with_or_without_cdi(render: RenderFn) -> None:

@@ -3,6 +3,8 @@ the rate limit. Waits go through an injected sleep, so nothing here waits out a 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,7 +14,16 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import ApiError, ConflictError, NotFoundError, UnreachableError
-from rdma_hca.kube.policy import Backoff, ClientPolicy, TokenBucket, jittered, retry_after
+from rdma_hca.kube.policy import (
+    Backoff,
+    ClientPolicy,
+    Priority,
+    Rate,
+    TokenBucket,
+    jittered,
+    retry_after,
+)
+from rdma_hca.kube.tally import resource_verb
 
 NODES = "/api/v1/nodes"
 
@@ -163,3 +174,91 @@ def test_backoff_grows_to_its_cap_and_retry_after_is_read() -> None:
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 1.0
     assert retry_after("100000") == 60.0
     assert 8 <= jittered(10, 0.2) <= 12 and jittered(10, 0) == 10
+
+
+class Clock:
+    """A clock that the injected sleep moves on: waits pass at once, in order."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+async def test_a_high_request_never_waits_behind_low_ones() -> None:
+    now = [0.0]
+
+    async def tick(seconds: float) -> None:  # time moves only when the test moves it
+        await asyncio.sleep(0)
+
+    bucket = TokenBucket(1, 1, clock=lambda: now[0], sleep=tick)
+    order: list[str] = []
+
+    async def take(name: str, priority: Priority) -> None:
+        await bucket.take(priority)
+        order.append(name)
+
+    await bucket.take()  # the burst is used up
+    lows = [asyncio.create_task(take(f"low{i}", Priority.LOW)) for i in range(5)]
+    for _ in range(3):
+        await asyncio.sleep(0)  # the LOW ones wait first...
+    high = asyncio.create_task(take("high", Priority.HIGH))
+    await asyncio.sleep(0)  # it asks before the next token comes
+    while not all(t.done() for t in (high, *lows)):
+        now[0] += 1.0  # one token a second
+        for _ in range(5):
+            await asyncio.sleep(0)
+    # ...and the HIGH one asked after them goes with the next token; the LOWs in order.
+    assert order == ["high", "low0", "low1", "low2", "low3", "low4"]
+    assert bucket.throttled == 6 and bucket.waited == pytest.approx(1 + 2 + 3 + 4 + 5 + 6)
+
+
+async def test_waiting_for_a_token_does_not_shorten_the_exchange(
+        api: FakeApiServer, tmp_path: Path) -> None:
+    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
+                             context=None, env={}, home=tmp_path)
+    clock = Clock()
+    # A read deadline of 1 s; the third of three claims read at once waits 2 s for its token.
+    client = ApiClient(creds, ClientPolicy(qps=5, burst=10, timeout=1, budget=1,
+                                           rates=(Rate("claims", 1, 1),)),
+                       clock=clock, sleep=clock.sleep)
+    api.on_request = lambda record: time.sleep(0.1)  # each answer takes 0.1 s
+    try:
+        answers = await asyncio.gather(*(client.get(NODES, rate="claims") for _ in range(3)))
+    finally:
+        await client.close()
+    # Each had its full second: none failed on "no answer within 0.05 s".
+    assert [len(a["items"]) for a in answers] == [1, 1, 1]
+    assert client.tally.waited["claims"] >= 1  # past the 1 s deadline, all together
+    assert client.tally.waited["default"] == 0
+
+
+async def test_requests_are_counted_by_resource_verb_and_code(
+        api: FakeApiServer, client: ApiClient) -> None:
+    api.fail(503, times=1)
+    await client.get(NODES)
+    with pytest.raises(NotFoundError):
+        await client.get(f"{NODES}/nope")
+    with pytest.raises(ValueError, match="no rate limit named 'other'"):
+        await client.get(NODES, rate="other")
+    assert client.tally.requests == {("nodes", "list", "503"): 1, ("nodes", "list", "200"): 1,
+                                     ("nodes", "get", "404"): 1}
+
+
+def test_resource_and_verb_of_a_path() -> None:
+    claims = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims"
+    assert resource_verb("GET", f"{claims}/c") == ("resourceclaims", "get")
+    assert resource_verb("PUT", f"{claims}/c/status") == ("resourceclaims/status", "update")
+    assert resource_verb("GET", "/apis/resource.k8s.io/v1/resourceslices") == (
+        "resourceslices", "list")
+    assert resource_verb("POST", "/apis/resource.k8s.io/v1/resourceslices") == (
+        "resourceslices", "create")
+    assert resource_verb("DELETE", "/apis/resource.k8s.io/v1/resourceslices/s") == (
+        "resourceslices", "delete")
+    assert resource_verb("GET", "/api/v1/nodes/n") == ("nodes", "get")
+    assert resource_verb("GET", "/api/v1/pods", {"watch": "1"}) == ("pods", "watch")

@@ -178,6 +178,8 @@ class Daemon:
                 prepare_seconds=self.dra.claims.prepare_seconds.counts(),
                 bandwidth_capacity=self.dra.bandwidth_capacity,
                 bandwidth_held=self.dra.bandwidth_held,
+                api_requests=self.dra.api_requests,
+                api_wait_seconds=self.dra.api_wait_seconds,
             ),
         )
 

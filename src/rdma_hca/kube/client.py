@@ -5,13 +5,19 @@ and token files, client certificates, exec credential plugins), by path, and com
 plain dicts: no model layer between the driver and the objects the server holds.
 
 - Every request takes a token of a client-side rate limit first (QPS and burst; client-go's
-  defaults are 5 and 10), so a loop gone wrong cannot flood the API server.
+  defaults are 5 and 10), so a loop gone wrong cannot flood the API server. A request may
+  name another budget of the client's (``rate``) and yield to the rest of its own
+  (``priority``): work someone waits for need not queue behind work nobody waits for.
 - 429 and 503 are backpressure: the client waits what ``Retry-After`` says (or a growing,
   jittered backoff when the server says nothing) and tries again; any other 5xx is retried
   only when the server sent ``Retry-After``, as client-go does.
 - A GET whose connection was reset is tried again; a write is not (it may have happened).
 - One exchange is bounded by ``timeout``, a call with its retries by ``budget``: a caller
-  always gets an answer or a one-line error in bounded time.
+  always gets an answer or a one-line error in bounded time. Both count from when the
+  request first goes out, not from when it was asked for: time spent waiting for a token
+  never shortens the exchange (requests queued together do not share a shrinking budget).
+- What went out, by resource, verb and code, and the seconds spent waiting for tokens,
+  are counted in ``tally`` (a plain record: whoever reports it reads it).
 
 lightkube and its HTTP stack load only when a client is built: a daemon that runs only the
 device plugin never imports them.
@@ -38,7 +44,16 @@ from rdma_hca.kube.errors import (
     NotFoundError,
     UnreachableError,
 )
-from rdma_hca.kube.policy import Backoff, ClientPolicy, Clock, Sleep, TokenBucket, retry_after
+from rdma_hca.kube.policy import (
+    Backoff,
+    ClientPolicy,
+    Clock,
+    Priority,
+    Sleep,
+    TokenBucket,
+    retry_after,
+)
+from rdma_hca.kube.tally import ApiTally
 
 T = TypeVar("T")
 
@@ -95,6 +110,12 @@ class ApiClient:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.limiter = TokenBucket(self.policy.qps, self.policy.burst, clock=clock, sleep=sleep)
+        self.limiters = {self.policy.rate_name: self.limiter}
+        for rate in self.policy.rates:
+            self.limiters[rate.name] = TokenBucket(rate.qps, rate.burst, clock=clock,
+                                                   sleep=sleep)
+        self.tally = ApiTally()
+        self.tally.expect((), self.limiters)
 
     @classmethod
     async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
@@ -111,17 +132,32 @@ class ApiClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return await self.request("GET", path, params=params)
+    async def get(self, path: str, params: Mapping[str, str] | None = None, *,
+                  rate: str | None = None, priority: Priority = Priority.HIGH
+                  ) -> dict[str, Any]:
+        return await self.request("GET", path, params=params, rate=rate, priority=priority)
 
     async def request(self, method: str, path: str, *, body: Any = None,
-                      params: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """One API call with its retries; raises a :class:`KubeError` on failure."""
-        deadline = self._clock() + self.policy.call_deadline
+                      params: Mapping[str, str] | None = None, rate: str | None = None,
+                      priority: Priority = Priority.HIGH) -> dict[str, Any]:
+        """One API call with its retries; raises a :class:`KubeError` on failure.
+
+        ``rate`` names the budget it takes tokens from (the policy's ``rates``; None: the
+        client's own); ``priority`` LOW lets every HIGH request of that budget go first.
+        """
+        name = rate or self.policy.rate_name
+        try:
+            limiter = self.limiters[name]
+        except KeyError:
+            raise ValueError(f"no rate limit named {name!r}: the client has "
+                             f"{', '.join(sorted(self.limiters))}") from None
         backoff = Backoff(self.policy.backoff_first, self.policy.backoff_max, rng=self._rng)
         attempt = 0
+        deadline: float | None = None
         while True:
-            await self.limiter.take()
+            self.tally.wait(name, await limiter.take(priority))
+            if deadline is None:  # from the first exchange on: a token's wait is not in it
+                deadline = self._clock() + self.policy.call_deadline
             # One exchange never outlives the call's deadline.
             limit = max(0.05, min(self.policy.timeout, deadline - self._clock()))
             outcome, wait = await self._once(method, path, body, params, limit)
@@ -151,10 +187,15 @@ class ApiClient:
         url = self.server + path
         source = self.creds.source
         try:
-            resp = await asyncio.wait_for(
-                self._http.request(method, path, content=content, params=params,
-                                   headers=headers),
-                limit)
+            try:
+                resp = await asyncio.wait_for(
+                    self._http.request(method, path, content=content, params=params,
+                                       headers=headers),
+                    limit)
+            except BaseException:
+                self.tally.sent(method, path, None, params)
+                raise
+            self.tally.sent(method, path, resp.status_code, params)
         except (TimeoutError, httpx2.TimeoutException):
             return UnreachableError(f"{method} {url}: no answer within {limit:.3g} s"), None
         except httpx2.TransportError as exc:

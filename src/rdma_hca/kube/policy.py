@@ -1,5 +1,9 @@
-"""How the client paces itself, as client-go does: a token bucket (QPS and burst), waits
+"""How the client paces itself, as client-go does: token buckets (QPS and burst), waits
 that grow exponentially with jitter, and the server's ``Retry-After`` when it gives one.
+
+A client may hold several budgets, each a bucket of its own (the DRA driver: the claim
+reads a pod's start waits for, and what the driver sends on its own); inside one bucket,
+a ``LOW`` request never takes a token a ``HIGH`` one is waiting for.
 
 Clock, sleep and randomness are injected, so tests step through waits without waiting.
 """
@@ -11,6 +15,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import IntEnum
 
 # client-go's rest.Config defaults (DefaultQPS, DefaultBurst in k8s.io/client-go/rest).
 DEFAULT_QPS = 5.0
@@ -26,10 +31,31 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 
+class Priority(IntEnum):
+    HIGH = 0  # goes in the order asked, ahead of every LOW request of its bucket
+    LOW = 1  # takes only a token no HIGH request has reserved
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A budget of its own: ``burst`` requests at once, then ``qps`` a second."""
+
+    name: str
+    qps: float
+    burst: int
+
+
+DEFAULT_RATE = "default"
+
+
 @dataclass(frozen=True, slots=True)
 class ClientPolicy:
     qps: float = DEFAULT_QPS
     burst: int = DEFAULT_BURST
+    rate_name: str = DEFAULT_RATE
+    """The name of the budget ``qps``/``burst`` set: what a request without one takes from."""
+    rates: tuple[Rate, ...] = ()
+    """Further budgets, each a bucket of its own, that a request names to take from."""
     timeout: float = 10.0
     """Deadline of one HTTP exchange, seconds."""
     budget: float | None = None
@@ -44,7 +70,14 @@ class ClientPolicy:
 
 
 class TokenBucket:
-    """``burst`` requests at once, then ``qps`` a second: client-go's token bucket limiter."""
+    """``burst`` requests at once, then ``qps`` a second: client-go's token bucket limiter,
+    with two priorities.
+
+    A ``HIGH`` request reserves the next token (the bucket may go below zero: it waits its
+    turn, in the order asked, as client-go's limiter does). A ``LOW`` one takes a token only
+    when one is there unreserved, so however many ``LOW`` requests wait, a ``HIGH`` one
+    never waits behind them; ``LOW`` requests go one at a time, in the order asked.
+    """
 
     def __init__(self, qps: float, burst: int, *, clock: Clock = time.monotonic,
                  sleep: Sleep = asyncio.sleep) -> None:
@@ -56,7 +89,9 @@ class TokenBucket:
         self._sleep = sleep
         self._tokens = float(burst)
         self._at = clock()
+        self._low = asyncio.Lock()
         self.throttled = 0  # requests that had to wait
+        self.waited = 0.0  # seconds requests spent waiting for a token, all together
 
     def _refill(self) -> None:
         now = self._clock()
@@ -69,11 +104,28 @@ class TokenBucket:
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 
-    async def take(self) -> None:
-        wait = self.reserve()
-        if wait > 0:
-            self.throttled += 1
-            await self._sleep(wait)
+    async def take(self, priority: Priority = Priority.HIGH) -> float:
+        """Wait for a token; the seconds waited."""
+        if priority is Priority.HIGH:
+            wait = self.reserve()
+            if wait > 0:
+                self.throttled += 1
+                self.waited += wait
+                await self._sleep(wait)
+            return wait
+        started = self._clock()
+        async with self._low:
+            self._refill()
+            if self._tokens < 1:
+                self.throttled += 1
+            while self._tokens < 1:
+                # Reserved HIGH tokens push this further each time round.
+                await self._sleep((1.0 - self._tokens) / self.qps)
+                self._refill()
+            self._tokens -= 1.0
+        waited = max(0.0, self._clock() - started)
+        self.waited += waited
+        return waited
 
 
 class Backoff:

@@ -24,6 +24,8 @@ from rdma_hca.kit.text import markdown_table
 from rdma_hca.settings.model import (
     DEFAULT_API_BURST,
     DEFAULT_API_QPS,
+    DEFAULT_CLAIM_API_BURST,
+    DEFAULT_CLAIM_API_QPS,
     DEFAULT_DRA_DRIVER_NAME,
     DEFAULT_DRA_RESYNC_SECONDS,
     DEFAULT_DRA_START_JITTER_SECONDS,
@@ -175,10 +177,18 @@ SETTINGS: tuple[Setting, ...] = (
        "which HCAs the DRA driver publishes (same keys as a pool's selectors)",
        flag=False, env=False, default_text="all HCAs"),
     _s("dra.apiQps", Kind.FLOAT, DEFAULT_API_QPS,
-       "requests a second the driver sends the API server at most, after its burst "
-       "(client-go's default)", minimum=0.1, maximum=1000),
+       "requests a second the driver sends the API server on its own at most (slice "
+       "writes first, then claim status writes), after its burst (client-go's default)",
+       minimum=0.1, maximum=1000),
     _s("dra.apiBurst", Kind.INT, DEFAULT_API_BURST,
        "requests the driver may send the API server at once before apiQps applies",
+       minimum=1, maximum=1000),
+    _s("dra.claimApiQps", Kind.FLOAT, DEFAULT_CLAIM_API_QPS,
+       "claim reads a second NodePrepareResources sends at most, after claimApiBurst, "
+       "never behind the driver's own requests (the kubelet's own client budget)",
+       minimum=0.1, maximum=1000),
+    _s("dra.claimApiBurst", Kind.INT, DEFAULT_CLAIM_API_BURST,
+       "claim reads NodePrepareResources may send at once before claimApiQps applies",
        minimum=1, maximum=1000),
     _s("dra.resyncSeconds", Kind.FLOAT, DEFAULT_DRA_RESYNC_SECONDS,
        "how often the driver checks the API server's copy of its slices (one LIST, "

@@ -30,6 +30,10 @@ DEFAULT_HTTP_MAX_CONNECTIONS = 64
 # client-go's rest.Config defaults (DefaultQPS, DefaultBurst).
 DEFAULT_API_QPS = 5.0
 DEFAULT_API_BURST = 10
+# The kubelet's own client budget (its kubeAPIQPS and kubeAPIBurst defaults): the claim
+# reads of NodePrepareResources come at the pace the kubelet starts pods.
+DEFAULT_CLAIM_API_QPS = 50.0
+DEFAULT_CLAIM_API_BURST = 100
 DEFAULT_DRA_RESYNC_SECONDS = 60.0
 DEFAULT_DRA_START_JITTER_SECONDS = 5.0
 
@@ -167,9 +171,12 @@ class DraConfig:
     mode: Mode = Mode.SHARED
     # Which HCAs the driver publishes; empty selectors mean every HCA of the node.
     selectors: Selectors = field(default_factory=Selectors)
-    # The API client's own rate limit, as client-go's.
+    # The API client's own rate limit, as client-go's: what the driver sends on its own.
     api_qps: float = DEFAULT_API_QPS
     api_burst: int = DEFAULT_API_BURST
+    # The claim reads a pod's start waits for, on a budget of their own.
+    claim_api_qps: float = DEFAULT_CLAIM_API_QPS
+    claim_api_burst: int = DEFAULT_CLAIM_API_BURST
     # The check of the server's copy of the slices (jittered); 0: only on events.
     resync_seconds: float = DEFAULT_DRA_RESYNC_SECONDS
     # The first publish waits a random part of this, so a fleet restarting spreads out.

@@ -135,7 +135,7 @@ async def test_a_claim_holding_100g_prepares_and_unprepare_releases_it(stage: Dr
     (device,) = _checkpoint(stage)[uid]["devices"]
     assert device["shares"] == [{"id": SHARE_A, "bandwidth": 100 * 10**9}]
     assert _held(stage, "mlx5_0") == 100 * 10**9 and _held(stage, "mlx5_1") == 0
-    await stage.driver.claims.hooks_done()
+    await stage.statuses_written()
     (entry,) = stage.api.claim("ns", "c")["status"]["devices"]
     assert (entry["device"], entry["shareID"]) == ("mlx5-0", SHARE_A)
     resp = await stage.kubelet.unprepare(DRIVER, [("ns", uid, "c")])
@@ -178,7 +178,7 @@ async def test_two_requests_sharing_one_hca_add_up(stage: DraStage) -> None:
     assert len(_spec(stage, uid)["devices"]) == 2
     assert _env(stage, uid)["RDMA_HCA_BANDWIDTH"] == "mlx5_0=300000000000,mlx5_1=0"
     assert _held(stage, "mlx5_0") == 300 * 10**9
-    await stage.driver.claims.hooks_done()
+    await stage.statuses_written()
     status = stage.api.claim("ns", "two")["status"]["devices"]
     assert sorted((e["device"], e["shareID"]) for e in status if e["device"] == "mlx5-0") == [
         ("mlx5-0", SHARE_A), ("mlx5-0", SHARE_B)]

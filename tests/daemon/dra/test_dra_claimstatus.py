@@ -64,6 +64,7 @@ async def test_prepared_devices_get_an_entry_with_ready_and_network_data(
     ref = claim(api)
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     (entry,) = devices(api)
     assert {k: entry[k] for k in ("driver", "pool", "device", "shareID")} == {
         "driver": DRIVER, "pool": NODE, "device": "mlx5-1",
@@ -75,6 +76,7 @@ async def test_prepared_devices_get_an_entry_with_ready_and_network_data(
     # Prepared again (a kubelet retry): nothing new to write.
     puts = api.count("PUT")
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     assert api.count("PUT") == puts
 
 
@@ -87,8 +89,10 @@ async def test_other_drivers_entries_stay_and_ours_go_at_unprepare(
     await client.replace_claim_status(stored)  # the GPU driver wrote first
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     assert [e["driver"] for e in devices(api)] == [GPU, DRIVER]
     await w.on_unprepared(ref)
+    await w.drained()
     assert devices(api) == [gpu_entry]
 
 
@@ -106,6 +110,7 @@ async def test_a_concurrent_write_is_a_conflict_then_a_fresh_read(
 
     api.on_request = another_writer
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     assert [e["device"] for e in devices(api)] == ["mlx5-1"]
     assert api.count("PUT", "/status") == 2 and api.count("GET", "/resourceclaims/c") == 2
 
@@ -117,10 +122,13 @@ async def test_with_the_feature_gate_off_one_line_and_no_more_writes(
     ref = claim(api)
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     assert w.disabled is not None and "DRAResourceClaimDeviceStatus" in w.disabled
     before = len(api.requests)
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     await w.on_unprepared(ref)
+    await w.drained()
     assert len(api.requests) == before
     assert sum("dropped status.devices" in r.message for r in caplog.records) == 1
 
@@ -132,7 +140,9 @@ async def test_refused_by_rbac_is_said_once(
     ref = claim(api)
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     await w.on_prepared(ref, PREPARED)
+    await w.drained()
     assert api.count("PUT") == 1
     assert sum("resourceclaims/driver" in r.message for r in caplog.records) == 1
 
@@ -140,7 +150,9 @@ async def test_refused_by_rbac_is_said_once(
 async def test_a_claim_made_again_under_the_name_is_left_alone(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
     claim(api)
-    await writer(client, node).on_prepared(ClaimRef("ns", "another-uid", "c"), PREPARED)
+    w = writer(client, node)
+    await w.on_prepared(ClaimRef("ns", "another-uid", "c"), PREPARED)
+    await w.drained()
     assert devices(api) == [] and api.count("PUT") == 0
 
 
@@ -148,6 +160,8 @@ async def test_addresses_go_in_where_a_source_knows_them(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
     ref = claim(api)
     ips = {"eth1": ["10.0.1.11/24", "2001:db8::11/64"]}
-    await writer(client, node, ips_of=lambda n: ips.get(n, [])).on_prepared(ref, PREPARED)
+    w = writer(client, node, ips_of=lambda n: ips.get(n, []))
+    await w.on_prepared(ref, PREPARED)
+    await w.drained()
     (entry,) = devices(api)
     assert entry["networkData"]["ips"] == ["10.0.1.11/24", "2001:db8::11/64"]

@@ -44,6 +44,8 @@ def test_bench_measures_both_figures() -> None:
     assert port.ours is not None and port.ours > 0, port.note
     # The API cost figures are counts from the fake API server.
     for key in ("dra_requests_per_slice_write", "dra_idle_requests_per_node_minute",
-                "dra_flap_slice_writes_30s", "dra_flap_settle_ms"):
+                "dra_flap_slice_writes_30s", "dra_flap_settle_ms", "dra_burst_300_s",
+                "dra_burst_300_failed", "dra_prepare_after_burst_ms",
+                "dra_claim_gets_per_fresh_claim", "dra_burst_300_status_written_s"):
         assert figures[key].ours is not None, figures[key].note
     assert figures["dra_requests_per_slice_write"].ours == 1.0

@@ -145,7 +145,7 @@ async def test_two_units_in_one_pod_are_one_cdi_device_and_two_status_entries(
     spec = _spec(stage, uid)
     assert len(spec["devices"]) == 1  # a CDI spec naming one device twice is refused
     assert stage.driver is not None
-    await stage.driver.claims.hooks_done()
+    await stage.statuses_written()
     claims = [c for c in stage.api.cluster.resource_claims if c["metadata"]["uid"] == uid]
     shares = {r["shareID"] for r in claims[0]["status"]["allocation"]["devices"]["results"]}
     entries = claims[0]["status"].get("devices") or []

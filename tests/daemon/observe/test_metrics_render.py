@@ -115,3 +115,16 @@ def test_dra_claim_outcomes_and_prepare_times_come_from_the_snapshot() -> None:
         ({"le": "0.01"}, 1.0), ({"le": "0.1"}, 2.0), ({"le": "+Inf"}, 3.0)]
     assert s["rdma_hca_dra_prepare_seconds_count"] == [({}, 3.0)]
     assert s["rdma_hca_dra_prepare_seconds_sum"][0][1] == 3.052
+
+
+def test_the_api_clients_counts_come_from_the_snapshot() -> None:
+    dra = DraStatus(True, 1, 0, None,
+                    api_requests={("resourceclaims", "get", "200"): 3,
+                                  ("resourceslices", "update", "<error>"): 1},
+                    api_wait_seconds={"claims": 0.0, "driver": 1.5})
+    s = metric_samples(render(replace(STATUS, dra=dra)).decode())
+    assert s["rdma_hca_api_requests_total"] == [
+        ({"resource": "resourceclaims", "verb": "get", "code": "200"}, 3.0),
+        ({"resource": "resourceslices", "verb": "update", "code": "<error>"}, 1.0)]
+    assert s["rdma_hca_api_rate_limit_wait_seconds_total"] == [
+        ({"budget": "claims"}, 0.0), ({"budget": "driver"}, 1.5)]

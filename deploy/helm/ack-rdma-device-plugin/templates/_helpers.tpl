@@ -250,6 +250,8 @@ dra:
   deviceMetadata: {{ .Values.dra.deviceMetadata | toJson }}
   apiQps: {{ .Values.dra.apiQps }}
   apiBurst: {{ .Values.dra.apiBurst }}
+  claimApiQps: {{ .Values.dra.claimApiQps }}
+  claimApiBurst: {{ .Values.dra.claimApiBurst }}
   resyncSeconds: {{ .Values.dra.resyncSeconds }}
   startJitterSeconds: {{ .Values.dra.startJitterSeconds }}
   {{- if .Values.dra.selectors }}

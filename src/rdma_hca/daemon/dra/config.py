@@ -55,6 +55,8 @@ class DriverConfig:
     start_jitter_seconds: float
     api_qps: float
     api_burst: int
+    claim_api_qps: float
+    claim_api_burst: int
     sysfs_root: str
     socket_check_seconds: float
     health_resend_seconds: float
@@ -84,6 +86,8 @@ class DriverConfig:
             start_jitter_seconds=settings.dra.start_jitter_seconds,
             api_qps=settings.dra.api_qps,
             api_burst=settings.dra.api_burst,
+            claim_api_qps=settings.dra.claim_api_qps,
+            claim_api_burst=settings.dra.claim_api_burst,
             sysfs_root=settings.sysfs_root,
             socket_check_seconds=fixed.socket_check_seconds,
             health_resend_seconds=fixed.health_resend_seconds,

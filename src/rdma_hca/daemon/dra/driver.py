@@ -29,7 +29,7 @@ from rdma_hca.daemon.dra.claims import (
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.kubeapi import KubeApiError, SliceApi
+from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
@@ -167,6 +167,20 @@ class DraDriver:
         return self.registered and self.published_since_start
 
     @property
+    def api_requests(self) -> dict[tuple[str, str, str], int]:
+        """What the API client sent, by (resource, verb, code): a copy, for /metrics."""
+        if isinstance(self._api, SliceApi):
+            return dict(self._api.tally.requests)
+        return {key: 0 for key in KNOWN_REQUESTS}  # not connected yet: the series at 0
+
+    @property
+    def api_wait_seconds(self) -> dict[str, float]:
+        """Seconds spent waiting for a token, by budget: a copy, for /metrics."""
+        if isinstance(self._api, SliceApi):
+            return dict(self._api.tally.waited)
+        return dict.fromkeys(BUDGETS, 0.0)
+
+    @property
     def file_stalls(self) -> int:
         """Reads and writes of the driver's files that passed their deadline, ever."""
         return self._files.stalls_total
@@ -192,6 +206,8 @@ class DraDriver:
                                                    self.config.read_deadline,
                                                    qps=self.config.api_qps,
                                                    burst=self.config.api_burst,
+                                                   claim_qps=self.config.claim_api_qps,
+                                                   claim_burst=self.config.claim_api_burst,
                                                    off=self._files)
             except KubeApiError as exc:
                 # The message names what serve accepts and tried (rdma_hca.kube.credentials).
@@ -228,6 +244,8 @@ class DraDriver:
                           ", ".join(t.get_name() for t in pending))
         await self.sockets.stop()
         await self.claims.close()
+        if self.status_writer is not None:
+            await self.status_writer.close()
         if self._api is not None and self._own_api:
             with contextlib.suppress(Exception):
                 await self._api.close()
@@ -246,7 +264,7 @@ class DraDriver:
         writer = ClaimStatusWriter(api, self.config.driver_name,
                                    sysfs_root=self.config.sysfs_root,
                                    hca_of=lambda device: self.offer.hcas.get(device),
-                                   files=self._files)
+                                   files=self._files, prepared=lambda: self.claims.prepared)
 
         async def prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
             await writer.on_prepared(ClaimRef(claim.namespace, claim.uid, claim.name), devices,

@@ -2,6 +2,17 @@
 
 Credentials: a kubeconfig file when one is given, else as ``SERVE_CREDENTIALS`` says.
 lightkube loads only when the driver starts.
+
+Two budgets (client-side rate limits), so a pod's start never queues behind what the
+driver sends on its own:
+
+- ``claims`` (``dra.claimApiQps``/``dra.claimApiBurst``): the claim reads of
+  NodePrepareResources. The kubelet paces those already: it calls Prepare once per pod
+  start, under its own client budget.
+- ``driver`` (``dra.apiQps``/``dra.apiBurst``): everything the driver sends on its own.
+  Slice writes, the resync LIST and the Node read go first; claim status writes (and
+  their re-reads on a conflict) take only the tokens those leave, so a taint never
+  waits behind a backlog of status writes.
 """
 
 from __future__ import annotations
@@ -15,13 +26,34 @@ from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, off_loop
 from rdma_hca.kube.credentials import CredentialSearch, load_credentials
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.policy import DEFAULT_BURST, DEFAULT_QPS, ClientPolicy
+from rdma_hca.kube.policy import ClientPolicy, Priority, Rate
+from rdma_hca.kube.tally import ApiTally
+from rdma_hca.settings.model import (
+    DEFAULT_API_BURST,
+    DEFAULT_API_QPS,
+    DEFAULT_CLAIM_API_BURST,
+    DEFAULT_CLAIM_API_QPS,
+)
 
 # The driver's code catches this name; it is the one client's error.
 KubeApiError = KubeError
 
 GROUP_VERSION = "resource.k8s.io/v1"
 SLICES = f"/apis/{GROUP_VERSION}/resourceslices"
+DRIVER_BUDGET = "driver"
+CLAIMS_BUDGET = "claims"
+BUDGETS = (CLAIMS_BUDGET, DRIVER_BUDGET)
+# What the driver sends, each with the code it answers when all is well: the series of
+# rdma_hca_api_requests_total that exist from the start.
+KNOWN_REQUESTS = (
+    ("resourceclaims", "get", "200"),
+    ("resourceclaims/status", "update", "200"),
+    ("resourceslices", "list", "200"),
+    ("resourceslices", "create", "201"),
+    ("resourceslices", "update", "200"),
+    ("resourceslices", "delete", "200"),
+    ("nodes", "get", "200"),
+)
 # serve has no credential flags: in a pod its service account, else a kubeconfig file.
 SERVE_CREDENTIALS = CredentialSearch(
     in_cluster_first=True,
@@ -42,19 +74,26 @@ class SliceApi:
 
     def __init__(self, client: ApiClient) -> None:
         self.client = client
+        client.tally.expect(KNOWN_REQUESTS, BUDGETS)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None, timeout: float, *,
-                      qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST,
+                      qps: float = DEFAULT_API_QPS, burst: int = DEFAULT_API_BURST,
+                      claim_qps: float = DEFAULT_CLAIM_API_QPS,
+                      claim_burst: int = DEFAULT_CLAIM_API_BURST,
                       off: OffLoop | None = None) -> SliceApi:
         """Read credentials (files: off the event loop, within ``off``'s deadline when
-        given) and make the client."""
+        given) and make the client: ``qps``/``burst`` the driver's own budget,
+        ``claim_qps``/``claim_burst`` the claim reads'."""
         env, home = dict(os.environ), Path.home()
         creds = await off_loop(off, "reading the API server credentials", lambda: (
             load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
                              accepts=SERVE_CREDENTIALS)))
         client = await ApiClient.connect(
-            creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout), off=off)
+            creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
+                                rate_name=DRIVER_BUDGET,
+                                rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
+            off=off)
         return cls(client)
 
     async def close(self) -> None:
@@ -87,10 +126,21 @@ class SliceApi:
                 raise
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self.client.get(claim_path(namespace, name))
+        """The claim, for a Prepare: on the claims' budget."""
+        return await self.client.get(claim_path(namespace, name), rate=CLAIMS_BUDGET)
+
+    async def reread_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim again, for a status write: the driver's budget, after its slices."""
+        return await self.client.get(claim_path(namespace, name), priority=Priority.LOW)
 
     async def replace_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]:
-        """PUT the claim to its /status subresource (the resourceVersion in it guards it)."""
+        """PUT the claim to its /status subresource (the resourceVersion in it guards it);
+        on the driver's budget, after its slices."""
         meta = claim["metadata"]
         return await self.client.request(
-            "PUT", claim_path(meta["namespace"], meta["name"]) + "/status", body=claim)
+            "PUT", claim_path(meta["namespace"], meta["name"]) + "/status", body=claim,
+            priority=Priority.LOW)
+
+    @property
+    def tally(self) -> ApiTally:
+        return self.client.tally

@@ -124,6 +124,19 @@ class StatusFamilies:
         yield HistogramMetricFamily("rdma_hca_dra_prepare_seconds",
                                     "Time to prepare one claim of a NodePrepareResources call",
                                     buckets=buckets, sum_value=h.total)
+        # The client's own counts; the known series are there from the start, at 0.
+        sent = _counter("rdma_hca_api_requests_total",
+                        "Requests the DRA driver sent the API server, retries included "
+                        "(code <error>: no answer)", ["resource", "verb", "code"])
+        for (resource, verb, code), n in sorted(s.dra.api_requests.items()):
+            sent.add_metric([resource, verb, code], n)
+        yield sent
+        waited = _counter("rdma_hca_api_rate_limit_wait_seconds",
+                          "Seconds the DRA driver's requests waited for a token of the "
+                          "client-side rate limit, by budget (claims, driver)", ["budget"])
+        for budget, seconds in sorted(s.dra.api_wait_seconds.items()):
+            waited.add_metric([budget], seconds)
+        yield waited
 
     def _pools(self, s: Status) -> Iterator[Metric]:
         total = GaugeMetricFamily("rdma_hca_pool_devices", "Devices advertised to the kubelet",

@@ -42,6 +42,10 @@ class DraStatus:
     # what the prepared claims hold of it.
     bandwidth_capacity: Mapping[str, int] = field(default_factory=dict)
     bandwidth_held: Mapping[str, int] = field(default_factory=dict)
+    # The driver's API client: requests by (resource, verb, code), and seconds spent
+    # waiting for a token by budget ("claims", "driver").
+    api_requests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    api_wait_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ kubelet emulator over unix sockets), in this process.
   prepared, once with 100. The baseline is a bare grpc.aio DRAPlugin servicer doing the
   same I/O (the same GET through the same client, a spec and a checkpoint of the same
   size written with fsync and rename), called in turn with the driver: the ratio is
-  what the driver's own machinery costs.
+  what the driver's own machinery costs. Both with the default settings (the client's
+  budgets as they ship), POD_UID set as the chart sets it.
+- A burst of pods at once (``bench_burst``).
 - Port down: from the port's state file changing in sysfs to the API server storing a
   slice whose device carries the link-down taint, on a quiet node (no slice write within
   the flap damper's spacing). The stage's health poll is 50 ms; a
@@ -33,7 +35,8 @@ from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.dra.bench_api import API_SPECS, NODE, api_figures, tainted_is
-from rdma_hca.devkit.dra.stage import DraStage, with_changes
+from rdma_hca.devkit.dra.bench_burst import BURST_SPECS, burst
+from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.kit.offloop import OffLoop
@@ -49,7 +52,7 @@ DRA_PREPARE_100 = Spec("dra_prepare_100_p50_ms",
                        Target(1.5, on_ratio=True), baseline_label=BARE)
 DRA_PORT_DOWN = Spec("dra_port_down_slice_ms", "port down → slice tainted (max)", "ms",
                      Target(1000.0))
-DRA_SPECS = [DRA_PREPARE, DRA_PREPARE_100, DRA_PORT_DOWN, *API_SPECS]
+DRA_SPECS = [DRA_PREPARE, DRA_PREPARE_100, DRA_PORT_DOWN, *BURST_SPECS, *API_SPECS]
 
 
 class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
@@ -97,9 +100,6 @@ class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
         return dra_v1_pb2.NodeUnprepareResourcesResponse()
 
 
-BENCH_QPS = 10_000.0
-
-
 def _p50_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 3)
 
@@ -108,13 +108,10 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
     """Ours and the bare servicer, call by call in turn, each preparing a fresh claim."""
     node = gpu_node(workdir / "node", hcas=8, gid_table_size=16)
     # With a pod UID, as the chart runs it: the checkpoint is shared with a possible second
-    # instance, so a fresh claim also reads it under the claim's lock.
-    # Both sides without the client's rate limit (client-go's 5 QPS): at hundreds of calls
-    # back to back it, not the driver, would set the pace. Claim status writes still run,
-    # after each answer, as on a node.
-    unlimited = {"api_qps": BENCH_QPS, "api_burst": int(BENCH_QPS)}
-    async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod",
-                        config=with_changes(**unlimited)) as stage:
+    # instance, so a fresh claim also reads it under the claim's lock. Default settings on
+    # both sides: the claim reads on their own budget, the status writes after each answer
+    # on the driver's, as on a node.
+    async with DraStage(node, workdir / "stage", node_name=NODE, pod_uid="bench-pod") as stage:
         assert stage.kubelet is not None
         if not await stage.registered():
             return spec.failed("the driver did not register")
@@ -123,7 +120,7 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
                 {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 8}"}])
             await stage.kubelet.prepare(DRIVER, [("bench", uid, f"kept{i}")])
         kubeconfig = stage.api.write_kubeconfig(workdir / "bare-kubeconfig")
-        api = await SliceApi.connect(str(kubeconfig), 5.0, qps=BENCH_QPS, burst=int(BENCH_QPS))
+        api = await SliceApi.connect(str(kubeconfig), 5.0)
         bare_dir = workdir / "bare"
         bare_dir.mkdir(parents=True, exist_ok=True)
         path = os.path.join(stage.root, "bare.sock")
@@ -157,8 +154,8 @@ async def prepare_latency(workdir: Path, calls: int, already: int, spec: Spec) -
             await api.close()
     return spec.figure(
         _p50_ms(ours), _p50_ms(bare),
-        note=f"{calls} calls each, alternating; {already} claims already prepared; POD_UID set "
-             "(rolling-update mode); a claim GET "
+        note=f"{calls} calls each, alternating; {already} claims already prepared; default "
+             "settings; POD_UID set (rolling-update mode); a claim GET "
              "over HTTP from the same fake API server, a CDI spec and the checkpoint written "
              "with fsync and rename; in-process")
 
@@ -195,10 +192,11 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
 async def dra_figures(quick: bool) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="rdma-hca-dra-bench-") as tmp:
         return [
-            await prepare_latency(Path(tmp) / "prepare", 10 if quick else 300, 0, DRA_PREPARE),
-            await prepare_latency(Path(tmp) / "prepare100", 10 if quick else 300, 100,
+            await prepare_latency(Path(tmp) / "prepare", 10 if quick else 100, 0, DRA_PREPARE),
+            await prepare_latency(Path(tmp) / "prepare100", 10 if quick else 100, 100,
                                   DRA_PREPARE_100),
             await port_down_latency(Path(tmp) / "port", 2 if quick else 10),
+            *await burst(Path(tmp) / "burst", 20 if quick else 300),
             *await api_figures(Path(tmp) / "api", quick),
         ]
 

@@ -143,6 +143,14 @@ class DraStage:
     async def until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         return await wait_until(predicate, timeout, step=0.01)
 
+    async def statuses_written(self, timeout: float = 10.0) -> None:
+        """Wait until the driver's hooks ran and its claim status queue is empty: status
+        is written off the pod's path, after Prepare answered."""
+        assert self.driver is not None
+        await self.driver.claims.hooks_done()
+        if self.driver.status_writer is not None:
+            await asyncio.wait_for(self.driver.status_writer.drained(), timeout)
+
     async def registered(self, count: int = 1, timeout: float = 10.0) -> bool:
         assert self.kubelet is not None and self.driver is not None
         return await self.kubelet.wait_registered(self.driver.config.driver_name, count,

@@ -58,13 +58,19 @@ class Recorded:
 class Fault:
     """What the server does instead of answering the next ``times`` matching requests."""
 
-    kind: str  # "status", "hang" or "reset"
+    kind: str  # "status", "hang", "reset" or "hold"
     code: int = 500
     retry_after: str | None = None
     seconds: float = 0.0  # how long a hang lasts before the connection is closed
     method: str | None = None
     path: str = ""  # a part of the path the request must contain
     times: int = 1
+    released: threading.Event = field(default_factory=threading.Event)  # ends a "hold"
+    held: int = 0  # requests a "hold" has held so far
+
+    def release(self) -> None:
+        """Let the held requests (and every later one) through, answered as usual."""
+        self.released.set()
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and self.path in path
@@ -238,6 +244,11 @@ class FakeApiServer:
         """Hold the next matching requests ``seconds`` unanswered, then close the connection."""
         return self._fault(Fault("hang", seconds=seconds, method=method, path=path,
                                  times=times))
+
+    def hold(self, *, method: str | None = None, path: str = "") -> Fault:
+        """Hold every matching request unanswered until ``fault.release()``, then answer
+        it as usual: a slow API server for some kind of request, released at will."""
+        return self._fault(Fault("hold", method=method, path=path, times=1 << 62))
 
     def reset(self, *, times: int = 1, method: str | None = None, path: str = "") -> Fault:
         """Reset the connection of the next matching requests (TCP RST, no answer)."""
@@ -604,6 +615,12 @@ class _Handler(BaseHTTPRequestHandler):
             api._stopping.wait(fault.seconds)
             self.close_connection = True
             return
+        if fault is not None and fault.kind == "hold":
+            with api._lock:
+                fault.held += 1
+            while not fault.released.wait(0.02) and not api._stopping.is_set():
+                pass
+            fault = None
         headers: dict[str, str] = {}
         try:
             if fault is not None:
