@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from rdma_hca.settings.config import (
     ConfigError,
     Settings,
     exclusive_first,
+    held_text,
     overlapping_hcas,
     pools_sharing,
 )
@@ -67,6 +68,11 @@ def _describe(task: asyncio.Task[Any]) -> str:
     frames = task.get_stack(limit=3)
     where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
     return f"{task.get_name()} at {where or '?'}"
+
+
+def _held_by(names: Sequence[str]) -> str:
+    """``the HCA mlx5_0 is`` or ``the HCAs mlx5_0, mlx5_1 are``."""
+    return held_text(names) + (" is" if len(names) == 1 else " are")
 
 
 class Daemon:
@@ -293,35 +299,41 @@ class Daemon:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
 
     def _say_late_exclusive_overlap(self, hcas: Sequence[Hca]) -> None:
-        """An HCA that appeared after start in an exclusive pool and another: said once.
+        """HCAs that appeared after start in an exclusive pool and another: said once each.
 
         At start that is a config error (status 2); a running daemon keeps serving its pods,
         and the next start refuses the config with the same words.
         """
         if not self._pools_checked:
             return  # start checks them first, and refuses the config instead
-        for name, exclusive, other in self._exclusive_overlaps(hcas):
-            if self._told_shared_exclusive.first(f"{name} {exclusive} {other}"):
-                log.error("the HCA %s is in the exclusive pool %s and in the pool %s: an "
-                          "exclusive pool gives each HCA to one pod only, so pods of both may "
-                          "share it; give the pools selectors that keep their HCAs apart (a "
-                          "restart refuses this config)", name, exclusive, other)
+        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
+            new = [n for n in names if self._told_shared_exclusive.first(
+                f"{n} {exclusive} {other}")]
+            if new:
+                log.error("%s in the exclusive pool %s and in the pool %s: an exclusive "
+                          "pool gives each HCA to one pod only, so pods of both may share "
+                          "it; give the pools selectors that keep their HCAs apart (a "
+                          "restart refuses this config)", _held_by(new), exclusive, other)
 
-    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> Iterator[tuple[str, str, str]]:
-        """(HCA, exclusive pool, other pool) for each HCA in an exclusive pool and another."""
+    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> dict[tuple[str, str], list[str]]:
+        """(exclusive pool, other pool) -> the HCAs both hold, for each such pair."""
+        out: dict[tuple[str, str], list[str]] = {}
         for name, a, b in pools_sharing(self.settings, hcas):
             pair = exclusive_first(a, b)
             if pair is not None:
-                yield name, pair[0].resource_name, pair[1].resource_name
+                held = out.setdefault((pair[0].resource_name, pair[1].resource_name), [])
+                if name not in held:
+                    held.append(name)
+        return out
 
     def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
         """An HCA in an exclusive pool and another pool is a config error; shared pools
         may hold a same HCA (their pods then share it), said once here."""
-        for name, exclusive, other in self._exclusive_overlaps(hcas):
+        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
             raise ConfigError(
-                "pools", name, f"the HCA {name} is in the exclusive pool {exclusive} and in "
-                f"the pool {other}: an exclusive pool gives each HCA to one pod only; give "
-                "the pools selectors that keep their HCAs apart")
+                "pools", ", ".join(names), f"{_held_by(names)} in the exclusive pool "
+                f"{exclusive} and in the pool {other}: an exclusive pool gives each HCA to one "
+                "pod only; give the pools selectors that keep their HCAs apart")
         shared: dict[str, list[str]] = {}
         for name, a, b in pools_sharing(self.settings, hcas):
             for pool in (a, b):
