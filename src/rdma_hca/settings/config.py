@@ -124,6 +124,7 @@ __all__ = [
     "flag_values",
     "flags_in",
     "given_value",
+    "held_text",
     "kubelet_root_problem",
     "load_settings",
     "overlapping_hcas",
