@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.probe import probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
@@ -78,8 +80,14 @@ def _held_by(names: Sequence[str]) -> str:
 class Daemon:
     def __init__(self, settings: Settings, *, netlink: bool = True,
                  reader: MachineReader | None = None,
-                 read_deadline: float | None = None) -> None:
+                 read_deadline: float | None = None,
+                 probe_dir: str | None = None) -> None:
         self.settings = settings
+        # The probe socket sits in the pod's own scratch directory (``/tmp``, an emptyDir),
+        # named after the pod: only with a pod UID is it surely this instance's.
+        self.probe_socket = (probe_socket_path(probe_dir or tempfile.gettempdir(),
+                                               settings.pod_uid)
+                             if settings.pod_uid else None)
         # ``read_deadline`` overrides the setting (tests use short ones).
         self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
                               else read_deadline)
@@ -272,7 +280,8 @@ class Daemon:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
                                    on_scrape=self.health.want_counters,
-                                   max_connections=self.settings.http.max_connections)
+                                   max_connections=self.settings.http.max_connections,
+                                   probe_socket=self.probe_socket)
             await server.start()
             self.http = server
             await self.health.refresh_counters()
