@@ -175,3 +175,22 @@ async def test_the_charts_exec_command_runs_as_a_module(probe_dir: str) -> None:
         await server.stop()
     assert (done.returncode, done.stdout, done.stderr) == \
         (0, "registered with the kubelet\n", "")
+
+
+async def test_rdma_hca_probe_is_the_same_command(
+        probe_dir: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca import cli
+
+    monkeypatch.setenv("POD_UID", "pod-elsewhere")  # main(env=...) is what counts
+    server = MetricsServer(lambda: READY, "127.0.0.1:0",
+                           probe_socket=probe_socket_path(probe_dir, "pod-c"))
+    await server.start()
+    try:
+        code = await asyncio.to_thread(cli.main, ["probe", "readyz", "--dir", probe_dir],
+                                       env={"POD_UID": "pod-c"})
+    finally:
+        await server.stop()
+    assert code == 0 and capsys.readouterr().out == "registered with the kubelet\n"
+    assert cli.main(["probe", "readyz", "--dir", probe_dir], env={}) == 2
+    assert "POD_UID is not set" in capsys.readouterr().err
