@@ -22,7 +22,14 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import ConfigError, DraConfig, PoolConfig, Selectors, Settings
+from rdma_hca.settings.config import (
+    CdiConfig,
+    ConfigError,
+    DraConfig,
+    PoolConfig,
+    Selectors,
+    Settings,
+)
 
 DRIVER = "rdma-hca.io"
 NODE = "node-a"
@@ -270,8 +277,10 @@ async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
     await kubelet.start()
 
     def daemon(uid: str) -> Daemon:
+        # The CDI specs go to the test's own directory, not the machine's /var/run/cdi.
         return Daemon(_settings(dra_node, kubelet_root, tmp_path, pod_uid=uid,
-                                metrics_address=f"127.0.0.1:{port}"),
+                                metrics_address=f"127.0.0.1:{port}",
+                                cdi=CdiConfig(spec_dir=str(tmp_path / "cdi"))),
                       netlink=False, probe_dir=probe_dir)
 
     async def readyz(d: Daemon) -> int:
@@ -286,6 +295,11 @@ async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
         before = api.add_claim("ns", "before", _claim("mlx5-0"))
         assert (await kubelet.prepare(DRIVER, [("ns", before, "before")])).claims[before] \
             .error == ""
+        def slice_writes() -> list[str]:
+            return [f"{r.method} {r.path}" for r in api.requests
+                    if r.method != "GET" and "/resourceslices" in r.path]
+
+        written = slice_writes()
         await new.start()  # the same port: no "already in use"
         assert new.http is not None and new.http.bound_port == port
         assert await kubelet.wait_registered(DRIVER, count=2)
@@ -296,6 +310,8 @@ async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
         assert new.dra is not None
         checkpoint = Path(new.dra.config.checkpoint)
         assert set(json.loads(checkpoint.read_text())["claims"]) == {before, during}
+        # The two publish the same slice: the new one found it as it would write it.
+        assert slice_writes() == written
         await old.stop()  # the old pod goes once the new one is ready
         assert old.probe_socket is not None and not os.path.exists(old.probe_socket)
         status, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
