@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
-from rdma_hca.kit.probe import probe_socket_path
+from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
@@ -85,7 +84,7 @@ class Daemon:
         self.settings = settings
         # The probe socket sits in the pod's own scratch directory (``/tmp``, an emptyDir),
         # named after the pod: only with a pod UID is it surely this instance's.
-        self.probe_socket = (probe_socket_path(probe_dir or tempfile.gettempdir(),
+        self.probe_socket = (probe_socket_path(probe_dir or default_dir(os.environ),
                                                settings.pod_uid)
                              if settings.pod_uid else None)
         # ``read_deadline`` overrides the setting (tests use short ones).

@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 # sun_path holds 108 bytes with the terminating NUL.
 UNIX_PATH_MAX = 107
 NAME_PREFIX = "rdma-hca-"
 NAME_SUFFIX = ".sock"
 MAX_ANSWER = 64 * 1024
+
+
+def default_dir(env: Mapping[str, str]) -> str:
+    """The scratch directory both sides agree on: ``$TMPDIR``, else ``/tmp`` (the chart's
+    emptyDir). Not ``tempfile.gettempdir()``: it writes a file to choose, and may choose
+    differently in the daemon and in a probe process."""
+    return env.get("TMPDIR") or "/tmp"
 
 
 def probe_socket_path(directory: str, pod_uid: str) -> str:

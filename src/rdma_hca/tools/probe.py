@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
-from rdma_hca.kit.probe import ProbeError, ask, probe_socket_path
+from rdma_hca.kit.probe import ProbeError, ask, default_dir, probe_socket_path
 
 ENDPOINTS = ("healthz", "readyz")
 DEFAULT_TIMEOUT = 2.0  # below the chart's timeoutSeconds (3): the probe says why itself
@@ -28,8 +27,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"how long to wait for the answer (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--dir", default=None, metavar="DIR",
-                   help="where the daemon's probe socket is (default: the temporary "
-                        "directory, /tmp in the chart's pod)")
+                   help="where the daemon's probe socket is (default: $TMPDIR, else /tmp, "
+                        "as for the daemon)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
               "plugin pod's UID; run it in that pod (kubectl exec <pod> -- rdma-hca probe "
               "readyz)", file=sys.stderr)
         return EXIT_USAGE
-    path = probe_socket_path(args.dir or tempfile.gettempdir(), pod_uid)
+    path = probe_socket_path(args.dir or default_dir(env), pod_uid)
     try:
         status, body = ask(path, "/" + args.endpoint, args.timeout)
     except ProbeError as exc:
