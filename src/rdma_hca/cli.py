@@ -55,7 +55,8 @@ from rdma_hca.settings.config import (  # noqa: E402
 )
 
 log = logging.getLogger("rdma_hca.settings.config")
-COMMANDS = ("serve", "discover", "simulate", "demo", "bench", "doctor", "check", "config")
+COMMANDS = ("serve", "discover", "simulate", "demo", "bench", "doctor", "check", "config",
+            "probe")
 # The kinds of simulated node `rdma-hca simulate` writes (the devkit builds them).
 SIM_KINDS = ("gpu", "gpu-ipv6", "infiniband", "erdma", "soft-roce", "no-rdma")
 
@@ -247,11 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     bench.set_defaults(func=cmd_bench)
 
-    from rdma_hca.tools import check, config, doctor
+    from rdma_hca.tools import check, config, doctor, probe
 
     doctor.add_parser(sub)
     check.add_parser(sub)
     config.add_parser(sub)
+    probe.add_parser(sub)
     for name, p in sub.choices.items():
         if name != "serve":
             # None means "not given": main fills these from RDMA_HCA_* as serve would.

@@ -436,7 +436,7 @@ async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
     from rdma_hca.settings.config import ConfigError, Selectors
 
-    # Globs the config alone cannot tell apart: only discovery shows mlx5_1 in both.
+    # Globs the config alone cannot tell apart: only discovery shows mlx5_0..3 in both.
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-3]",))),
         PoolConfig(resource_name="rdma/storage", mode=Mode.EXCLUSIVE,
@@ -449,9 +449,29 @@ async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(
     finally:
         await d.stop()
     text = str(err.value)
-    assert "the HCA mlx5_0 is in the exclusive pool rdma/storage and in the pool rdma/hca" \
-        in text and "\n" not in text
+    assert "the HCAs mlx5_0, mlx5_1, mlx5_2, mlx5_3 are in the exclusive pool rdma/storage " \
+        "and in the pool rdma/hca" in text and "\n" not in text
     assert kubelet.registrations(R) == 0
+
+
+async def test_every_hca_both_pools_hold_is_named_in_the_refusal(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    from rdma_hca.settings.config import ConfigError, Selectors
+
+    pools = (
+        PoolConfig(selectors=Selectors(names=("mlx5_[0-1]",))),
+        PoolConfig(resource_name="rdma/storage", mode=Mode.EXCLUSIVE,
+                   selectors=Selectors(names=("mlx5_?",), drivers=("mlx5_core",))),
+    )
+    d = Daemon(make_settings(node, plugin_dir, pools=pools), netlink=False)
+    try:
+        with pytest.raises(ConfigError) as err:
+            await d.start()
+    finally:
+        await d.stop()
+    assert str(err.value).startswith(
+        "pools: 'mlx5_0, mlx5_1' is not valid: the HCAs mlx5_0, mlx5_1 are in the exclusive "
+        "pool rdma/storage and in the pool rdma/hca"), str(err.value)
 
 
 async def test_shared_pools_may_hold_the_same_hca_said_once(

@@ -337,8 +337,9 @@ CONFIG_ERRORS: list[tuple[str, list[str], dict[str, str], str | None, list[str]]
     ("exclusive-overlap", [], {},
      "pools:\n- resourceName: rdma/hca\n  selectors: {names: ['mlx5_[0-3]']}\n"
      "- resourceName: rdma/storage\n  mode: exclusive\n  selectors: {names: ['mlx5_?']}\n",
-     ["config error: pools: 'mlx5_0' is not valid: the HCA mlx5_0 is in the exclusive pool "
-      "rdma/storage and in the pool rdma/hca"]),
+     ["config error: pools: 'mlx5_0, mlx5_1, mlx5_2, mlx5_3' is not valid: the HCAs mlx5_0, "
+      "mlx5_1, mlx5_2, mlx5_3 are in the exclusive pool rdma/storage and in the pool "
+      "rdma/hca"]),
     ("file-string-boolean", [], {}, 'nonHostNetwork: "yes"\n',
      ["nonHostNetwork: 'yes'", "a YAML boolean without quotes"]),
     ("file-duplicate-key", [], {}, "rdmaHcaMax: 10\nrdmaHcaMax: 20\n",

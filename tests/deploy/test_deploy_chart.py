@@ -362,12 +362,12 @@ def test_pools_reach_the_daemon_as_its_pools(render: RenderFn, tmp_path: Path) -
      "would both offer every HCA"),
     ({"pools[0].resourceName": "rdma/a", "pools[1].resourceName": "rdma/b",
       "pools[1].mode": "exclusive", "pools[1].selectors.names": "{mlx5_0}"},
-     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/a "
-     "takes every HCA"),
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold the HCA mlx5_0 "
+     "(rdma/a takes every HCA"),
     ({"mode": "exclusive", "pools[0].resourceName": "rdma/a", "pools[0].mode": "shared",
       "pools[0].selectors.names": "{mlx5_1}", "pools[1].resourceName": "rdma/b"},
-     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (rdma/b "
-     "takes every HCA"),
+     "pools[1]: the exclusive pool rdma/b and the pool rdma/a would both hold the HCA mlx5_1 "
+     "(rdma/b takes every HCA"),
 ])
 def test_bad_pools_fail_the_install_naming_the_pool(helm: Path, values: dict[str, str],
                                                     complaint: str) -> None:

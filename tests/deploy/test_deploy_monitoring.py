@@ -166,7 +166,9 @@ POD_MONITOR = {
                                 "properties": {
                                     "sourceLabels": {"type": "array",
                                                      "items": {"type": "string"}},
-                                    "targetLabel": {"type": "string"}}}}}}}}}},
+                                    "targetLabel": {"type": "string"},
+                                    "regex": {"type": "string"},
+                                    "replacement": {"type": "string"}}}}}}}}}},
 }
 PROMETHEUS_RULE = {
     "type": "object", "additionalProperties": False,

@@ -170,15 +170,19 @@ def test_config_file_errors_name_the_layer_that_gave_the_path(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("text", "why"), [
     ("pools:\n- resourceName: rdma/a\n  mode: exclusive\n- resourceName: rdma/b\n",
-     "the exclusive pool rdma/a and the pool rdma/b would both hold an HCA (the pool rdma/a "
-     "takes every HCA)"),
+     "the exclusive pool rdma/a and the pool rdma/b would both hold every HCA (the pool "
+     "rdma/a takes every HCA)"),
     ("pools:\n- resourceName: rdma/a\n  selectors: {names: [mlx5_0, mlx5_1]}\n"
      "- resourceName: rdma/b\n  mode: exclusive\n  selectors: {names: ['mlx5_*']}\n",
-     "the exclusive pool rdma/b and the pool rdma/a would both hold an HCA (both select the "
-     "same HCA names)"),
+     "the exclusive pool rdma/b and the pool rdma/a would both hold the HCAs mlx5_0, mlx5_1 "
+     "(both select the same HCA names)"),
     ("mode: exclusive\npools:\n- resourceName: rdma/a\n  selectors: {names: [mlx5_0]}\n"
      "- resourceName: rdma/b\n  mode: shared\n  selectors: {names: [mlx5_0]}\n",
-     "the exclusive pool rdma/a and the pool rdma/b"),
+     "the exclusive pool rdma/a and the pool rdma/b would both hold the HCA mlx5_0 (both"),
+    # A glob and the literal it matches: the literal is what both hold.
+    ("pools:\n- resourceName: rdma/a\n  mode: exclusive\n  selectors: {names: ['mlx5_?', eth0]}\n"
+     "- resourceName: rdma/b\n  selectors: {names: [mlx5_3, 'mlx5_?']}\n",
+     "would both hold the HCAs mlx5_3, mlx5_? (both select"),
 ])
 def test_an_exclusive_pool_and_another_holding_a_same_hca_are_refused(
         tmp_path: Path, text: str, why: str) -> None:

@@ -214,3 +214,25 @@ def test_an_empty_hca_list_is_no_list(tmp_path: Path, capsys: pytest.CaptureFixt
     assert pod.run() == 0
     assert "✓ NCCL_IB_HCA: not set: NCCL uses every HCA this container can open (mlx5_0:1)" \
         in capsys.readouterr().out
+
+
+def test_off_the_host_network_a_mixed_node_says_which_hca_was_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = Pod(sim.gpu_node(tmp_path / "node", ipv6=True, bond_ipv6=False, hcas=2,
+                           gid_table_size=8), tmp_path)
+    pod.leave_host_network()
+    pod.plugin_env(POD_NETWORK)
+    assert pod.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    assert pod.run() == 0  # NCCL uses the two others: said, not fatal
+    out = capsys.readouterr().out
+    assert ("NCCL_IB_HCA mlx5_bond_0:1: left out: mlx5_bond_0:1 has no RoCE v2 GID with a "
+            "global IPv6 address, and the GID NCCL uses here is IPv6; NCCL uses the other "
+            "HCAs") in out
+    assert "give bond0 a global IPv6 address" in out
+    assert "✓ RoCE GID: NCCL_IB_GID_INDEX=5 is a RoCE v2 GID on mlx5_0:1, mlx5_1:1" in out
+    # On the host network the plugin lists every HCA with IPv4: nothing is left out.
+    host = Pod(sim.gpu_node(tmp_path / "host", ipv6=True, bond_ipv6=False, hcas=2,
+                            gid_table_size=8), tmp_path / "h")
+    host.plugin_env(AUTO)
+    assert host.run() == 0
+    assert "left out" not in capsys.readouterr().out

@@ -38,8 +38,9 @@ class NodeFindings:
             out.append(
                 "non-hostNetwork RDMA is on, but these RoCE HCAs have no RoCE v2 GID with a "
                 f"global IPv6 address: {', '.join(self.ipv6_missing)}. Non-hostNetwork pods "
-                "cannot use RDMA on this node (it needs an IPv6 compute network); "
-                "hostNetwork pods still can."
+                "cannot use RDMA over them (it needs an IPv6 compute network): where other "
+                "HCAs have one, their NCCL_IB_HCA leaves these out; hostNetwork pods still "
+                "can."
             )
         if self.non_host_network and self.netns_mode == "exclusive":
             out.append(

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
@@ -37,6 +38,7 @@ from rdma_hca.settings.config import (
     ConfigError,
     Settings,
     exclusive_first,
+    held_text,
     overlapping_hcas,
     pools_sharing,
 )
@@ -69,11 +71,22 @@ def _describe(task: asyncio.Task[Any]) -> str:
     return f"{task.get_name()} at {where or '?'}"
 
 
+def _held_by(names: Sequence[str]) -> str:
+    """``the HCA mlx5_0 is`` or ``the HCAs mlx5_0, mlx5_1 are``."""
+    return held_text(names) + (" is" if len(names) == 1 else " are")
+
+
 class Daemon:
     def __init__(self, settings: Settings, *, netlink: bool = True,
                  reader: MachineReader | None = None,
-                 read_deadline: float | None = None) -> None:
+                 read_deadline: float | None = None,
+                 probe_dir: str | None = None) -> None:
         self.settings = settings
+        # The probe socket sits in the pod's own scratch directory (``/tmp``, an emptyDir),
+        # named after the pod: only with a pod UID is it surely this instance's.
+        self.probe_socket = (probe_socket_path(probe_dir or default_dir(os.environ),
+                                               settings.pod_uid)
+                             if settings.pod_uid else None)
         # ``read_deadline`` overrides the setting (tests use short ones).
         self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
                               else read_deadline)
@@ -271,7 +284,8 @@ class Daemon:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
                                    on_scrape=self.health.want_counters,
-                                   max_connections=self.settings.http.max_connections)
+                                   max_connections=self.settings.http.max_connections,
+                                   probe_socket=self.probe_socket)
             await server.start()
             self.http = server
             await self.health.refresh_counters()
@@ -298,35 +312,41 @@ class Daemon:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
 
     def _say_late_exclusive_overlap(self, hcas: Sequence[Hca]) -> None:
-        """An HCA that appeared after start in an exclusive pool and another: said once.
+        """HCAs that appeared after start in an exclusive pool and another: said once each.
 
         At start that is a config error (status 2); a running daemon keeps serving its pods,
         and the next start refuses the config with the same words.
         """
         if not self._pools_checked:
             return  # start checks them first, and refuses the config instead
-        for name, exclusive, other in self._exclusive_overlaps(hcas):
-            if self._told_shared_exclusive.first(f"{name} {exclusive} {other}"):
-                log.error("the HCA %s is in the exclusive pool %s and in the pool %s: an "
-                          "exclusive pool gives each HCA to one pod only, so pods of both may "
-                          "share it; give the pools selectors that keep their HCAs apart (a "
-                          "restart refuses this config)", name, exclusive, other)
+        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
+            new = [n for n in names if self._told_shared_exclusive.first(
+                f"{n} {exclusive} {other}")]
+            if new:
+                log.error("%s in the exclusive pool %s and in the pool %s: an exclusive "
+                          "pool gives each HCA to one pod only, so pods of both may share "
+                          "it; give the pools selectors that keep their HCAs apart (a "
+                          "restart refuses this config)", _held_by(new), exclusive, other)
 
-    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> Iterator[tuple[str, str, str]]:
-        """(HCA, exclusive pool, other pool) for each HCA in an exclusive pool and another."""
+    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> dict[tuple[str, str], list[str]]:
+        """(exclusive pool, other pool) -> the HCAs both hold, for each such pair."""
+        out: dict[tuple[str, str], list[str]] = {}
         for name, a, b in pools_sharing(self.settings, hcas):
             pair = exclusive_first(a, b)
             if pair is not None:
-                yield name, pair[0].resource_name, pair[1].resource_name
+                held = out.setdefault((pair[0].resource_name, pair[1].resource_name), [])
+                if name not in held:
+                    held.append(name)
+        return out
 
     def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
         """An HCA in an exclusive pool and another pool is a config error; shared pools
         may hold a same HCA (their pods then share it), said once here."""
-        for name, exclusive, other in self._exclusive_overlaps(hcas):
+        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
             raise ConfigError(
-                "pools", name, f"the HCA {name} is in the exclusive pool {exclusive} and in "
-                f"the pool {other}: an exclusive pool gives each HCA to one pod only; give "
-                "the pools selectors that keep their HCAs apart")
+                "pools", ", ".join(names), f"{_held_by(names)} in the exclusive pool "
+                f"{exclusive} and in the pool {other}: an exclusive pool gives each HCA to one "
+                "pod only; give the pools selectors that keep their HCAs apart")
         shared: dict[str, list[str]] = {}
         for name, a, b in pools_sharing(self.settings, hcas):
             for pool in (a, b):

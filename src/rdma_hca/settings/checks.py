@@ -44,6 +44,31 @@ def surely_shared(a: Selectors, b: Selectors) -> bool:
     )
 
 
+def names_both_select(a: Selectors, b: Selectors) -> tuple[str, ...]:
+    """The HCA names (or the narrower of two meeting patterns) both selectors surely take,
+    as the config alone shows them; () when both take every HCA."""
+    if a.takes_all:
+        return tuple(b.names)
+    if b.takes_all:
+        return tuple(a.names)
+    out: list[str] = []
+    for x in a.names:
+        for y in b.names:
+            # The narrower side names what both hold: a literal a glob matches, or the glob
+            # both spell alike.
+            held = x if x == y or fnmatchcase(x, y) else y if fnmatchcase(y, x) else None
+            if held is not None and held not in out:
+                out.append(held)
+    return tuple(out)
+
+
+def held_text(names: Sequence[str]) -> str:
+    """``the HCA mlx5_0``, ``the HCAs mlx5_0, mlx5_1``, or ``every HCA`` for ()."""
+    if not names:
+        return "every HCA"
+    return ("the HCA " if len(names) == 1 else "the HCAs ") + ", ".join(names)
+
+
 def overlapping_hcas(settings: Settings, hcas: Sequence[Hca]) -> dict[str, list[str]]:
     """HCA name -> its owners (``"pool rdma/hca"``, ``"dra"``) for every HCA more than one
     owner selects: the daemon checks this after discovery, where globs and drivers are known."""

@@ -25,7 +25,9 @@ from rdma_hca.settings.checks import (
     ROOT_KEYS,
     check_roots,
     exclusive_first,
+    held_text,
     kubelet_root_problem,
+    names_both_select,
     overlapping_hcas,
     pools_sharing,
     root_problem,
@@ -122,6 +124,7 @@ __all__ = [
     "flag_values",
     "flags_in",
     "given_value",
+    "held_text",
     "kubelet_root_problem",
     "load_settings",
     "overlapping_hcas",
@@ -544,9 +547,10 @@ def _check_exclusive_pools(settings: Settings, merged: Mapping[str, _Value]) -> 
                 why = f"the pool {whole.resource_name} takes every HCA"
             else:
                 why = "both select the same HCA names"
+            held = held_text(names_both_select(ex.selectors, other.selectors))
             v = merged.get("pools", _Value(None, ""))
             raise ConfigError(
                 "pools", f"{ex.resource_name}, {other.resource_name}",
                 f"the exclusive pool {ex.resource_name} and the pool {other.resource_name} "
-                f"would both hold an HCA ({why}): an exclusive pool gives each HCA to one "
+                f"would both hold {held} ({why}): an exclusive pool gives each HCA to one "
                 "pod only; give the pools selectors that keep their HCAs apart", v.source)

@@ -15,6 +15,10 @@ there. Such a pod needs the IPv6 family (its RDMA network is IPv6); an IPv4 GID 
 a finding, as is a node with no RoCE v2 IPv6 GID at all, which the plugin refuses to guess
 around.
 
+On a mixed node the plugin leaves out of ``NCCL_IB_HCA`` a port this container got
+(``RDMA_HCA_DEVICES``) that has no RoCE v2 IPv6 GID while IPv6 is the family: that is said
+as a finding naming the port and why, not fatal (NCCL uses the others).
+
 Each finding says whether it is ``fatal``: NCCL would not use RDMA at all (sockets, or
 no connection). Those make the check exit 1; the others are printed with their fix.
 """
@@ -242,6 +246,45 @@ def _gid_findings(env: Mapping[str, str], used: Sequence[tuple[Hca, Port]],
     return findings
 
 
+def _wants_ipv6(env: Mapping[str, str], roce: Sequence[tuple[Hca, Port]],
+                pod_network: bool) -> bool:
+    """Whether the GID NCCL is told to use (or must use here) is IPv6."""
+    if pod_network or env.get("NCCL_IB_ADDR_FAMILY") == AddrFamily.INET6.value:
+        return True
+    raw = (env.get("NCCL_IB_GID_INDEX") or "").strip()
+    if not raw.isdigit() or not roce:
+        return False
+    return {gid_family(g) for _, p in roce if (g := gid_at(p, int(raw))) is not None} \
+        == {AddrFamily.INET6}
+
+
+def _left_out_findings(env: Mapping[str, str], hcas: Sequence[Hca],
+                       used: Sequence[tuple[Hca, Port]], pod_network: bool) -> list[Finding]:
+    """The ports this container got that NCCL is not told to use for want of an IPv6 GID."""
+    if not (env.get("NCCL_IB_HCA") or "").strip():
+        return []
+    roce = [(h, p) for h, p in used if p.link_layer is LinkLayer.ETHERNET]
+    if not _wants_ipv6(env, roce, pod_network):
+        return []
+    got = {n.strip() for n in env.get("RDMA_HCA_DEVICES", "").split(",") if n.strip()}
+    named = {(h.name, p.number) for h, p in used}
+    out = []
+    for h in hcas:
+        if h.name not in got or not _here(h):
+            continue
+        for p in h.ports:
+            if (p.is_up and p.link_layer is LinkLayer.ETHERNET and (h.name, p.number)
+                    not in named and family_gid(p, AddrFamily.INET6) is None):
+                netdevs = ", ".join(p.netdevs) or "its netdev"
+                out.append(Finding(
+                    f"NCCL_IB_HCA {h.name}:{p.number}", False,
+                    f"left out: {h.name}:{p.number} has no RoCE v2 GID with a global IPv6 "
+                    "address, and the GID NCCL uses here is IPv6; NCCL uses the other HCAs",
+                    f"give {netdevs} a global IPv6 address on the compute network to use it "
+                    "(the plugin then lists it again)"))
+    return out
+
+
 def _ucx_findings(raw: str | None, hcas: Sequence[Hca]) -> list[Finding]:
     if raw is None:
         return []
@@ -313,6 +356,7 @@ def nccl_findings(inventory: NodeInventory, env: Mapping[str, str],
     roce_netdevs = {n for _, p in used if p.link_layer is LinkLayer.ETHERNET for n in p.netdevs}
     pod_network = netdevs is not None and bool(roce_netdevs) and not roce_netdevs & set(netdevs)
     findings.extend(_gid_findings(env, used, pod_network))
+    findings.extend(_left_out_findings(env, inventory.hcas, used, pod_network))
     findings.extend(_ucx_findings(env.get("UCX_NET_DEVICES"), inventory.hcas))
     findings.extend(_socket_findings(env.get("NCCL_SOCKET_IFNAME"), netdevs))
     return findings

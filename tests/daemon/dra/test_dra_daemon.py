@@ -4,9 +4,11 @@ the device plugin, against the DRA kubelet emulator and the fake API server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import urllib.request
@@ -20,7 +22,14 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import ConfigError, DraConfig, PoolConfig, Selectors, Settings
+from rdma_hca.settings.config import (
+    CdiConfig,
+    ConfigError,
+    DraConfig,
+    PoolConfig,
+    Selectors,
+    Settings,
+)
 
 DRIVER = "rdma-hca.io"
 NODE = "node-a"
@@ -245,3 +254,74 @@ async def test_dra_alone_waits_for_no_device_plugins_directory_and_is_ready_only
         await daemon.stop()
         await kubelet.stop()
     assert not any("device-plugins" in r.getMessage() for r in caplog.records)
+
+
+def _claim(device: str) -> list[dict[str, str]]:
+    return [{"request": "hca", "driver": DRIVER, "pool": NODE, "device": device}]
+
+
+async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRA alone, as the chart runs a surge: the new daemon starts beside the old one on the
+    same metrics port, each answers its own probe socket, claims are prepared throughout,
+    and the new one unprepares what the old one prepared once the old one is gone."""
+    from rdma_hca.kit.probe import ask
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    probe_dir = tempfile.mkdtemp(prefix="probe-", dir="/tmp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+
+    def daemon(uid: str) -> Daemon:
+        # The CDI specs go to the test's own directory, not the machine's /var/run/cdi.
+        return Daemon(_settings(dra_node, kubelet_root, tmp_path, pod_uid=uid,
+                                metrics_address=f"127.0.0.1:{port}",
+                                cdi=CdiConfig(spec_dir=str(tmp_path / "cdi"))),
+                      netlink=False, probe_dir=probe_dir)
+
+    async def readyz(d: Daemon) -> int:
+        assert d.probe_socket is not None
+        return (await asyncio.to_thread(ask, d.probe_socket, "/readyz", 2))[0]
+
+    old, new = daemon("pod-old"), daemon("pod-new")
+    try:
+        await old.start()
+        assert await kubelet.wait_registered(DRIVER)
+        assert await wait_until(lambda: old.ready(), 10.0) and await readyz(old) == 200
+        before = api.add_claim("ns", "before", _claim("mlx5-0"))
+        assert (await kubelet.prepare(DRIVER, [("ns", before, "before")])).claims[before] \
+            .error == ""
+        def slice_writes() -> list[str]:
+            return [f"{r.method} {r.path}" for r in api.requests
+                    if r.method != "GET" and "/resourceslices" in r.path]
+
+        written = slice_writes()
+        await new.start()  # the same port: no "already in use"
+        assert new.http is not None and new.http.bound_port == port
+        assert await kubelet.wait_registered(DRIVER, count=2)
+        assert await wait_until(lambda: new.ready(), 10.0) and await readyz(new) == 200
+        during = api.add_claim("ns", "during", _claim("mlx5-1"))
+        assert (await kubelet.prepare(DRIVER, [("ns", during, "during")])).claims[during] \
+            .error == ""
+        assert new.dra is not None
+        checkpoint = Path(new.dra.config.checkpoint)
+        assert set(json.loads(checkpoint.read_text())["claims"]) == {before, during}
+        # The two publish the same slice: the new one found it as it would write it.
+        assert slice_writes() == written
+        await old.stop()  # the old pod goes once the new one is ready
+        assert old.probe_socket is not None and not os.path.exists(old.probe_socket)
+        status, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and "rdma_hca_dra_registered 1.0" in text
+        assert await readyz(new) == 200
+        gone = await kubelet.unprepare(DRIVER, [("ns", before, "before")])
+        assert gone.claims[before].error == ""
+        assert set(json.loads(checkpoint.read_text())["claims"]) == {during}
+    finally:
+        await new.stop()
+        await old.stop()
+        await kubelet.stop()
+        shutil.rmtree(probe_dir, ignore_errors=True)

@@ -93,6 +93,22 @@ async def test_nccl_env_is_set_like_allocate(
         assert "RDMA_HCA_DEVICES=mlx5_2" in env
 
 
+async def test_off_the_host_network_a_mixed_node_leaves_the_bond_out(
+        tmp_path: Path, api: FakeApiServer) -> None:
+    """The DRA path builds the same env: the bond without an IPv6 GID is left out."""
+    mixed = sim.gpu_node(tmp_path / "mixed", ipv6=True, bond_ipv6=False, hcas=4,
+                         gid_table_size=8)
+    async with DraStage(mixed, tmp_path / "s", api=api,
+                        env=EnvSettings(nccl=NcclEnv.AUTO, non_host_network=True)) as s:
+        assert s.kubelet is not None and await s.registered()
+        uid = api.add_claim("ns", "c", [_result("mlx5-1"), _result("mlx5-bond-0")])
+        resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
+        assert resp.claims[uid].error == ""
+        env = _spec(s, uid)["devices"][1]["containerEdits"]["env"]
+        assert env == ["RDMA_HCA_DEVICES=mlx5_1,mlx5_bond_0", "NCCL_IB_HCA==mlx5_1:1",
+                       "NCCL_IB_GID_INDEX=5", "UCX_NET_DEVICES=mlx5_1:1"]
+
+
 async def test_prepare_and_unprepare_are_idempotent(stage: DraStage) -> None:
     assert stage.kubelet is not None
     uid = stage.api.add_claim("ns", "c", [_result("mlx5-2")])

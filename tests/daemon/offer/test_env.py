@@ -14,6 +14,7 @@ from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.discovery import discover_node
 from rdma_hca.node.model import Hca
+from rdma_hca.node.roce import AddrFamily, family_gid
 from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig
 
 AUTO = EnvSettings(nccl=NcclEnv.AUTO)
@@ -165,3 +166,56 @@ def test_a_note_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
             container_env(hcas, AUTO_POD_NETWORK)
     lines = [r.getMessage() for r in caplog.records if "global IPv6" in r.getMessage()]
     assert len(lines) == 1
+
+
+def test_a_mixed_ipv6_node_leaves_the_hca_without_ipv6_out_off_the_host_network(
+        tmp_path: Path) -> None:
+    """The bond has no global IPv6 GID, the other HCAs do: off the host network the bond is
+    left out (as a down port is) and the others still get the IPv6 GID."""
+    hcas = hcas_of(sim.gpu_node(tmp_path / "node", ipv6=True, bond_ipv6=False, hcas=4,
+                                gid_table_size=16))
+    assert [h.name for h in hcas][-1] == "mlx5_bond_0"
+    got = build(hcas, AUTO_POD_NETWORK)
+    env = got.as_dict()
+    assert env["RDMA_HCA_DEVICES"] == "mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_bond_0"
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+    # Every HCA left in has its IPv6 RoCE v2 GID at one index: that index is set.
+    (index,) = {g.index for h in hcas[:4]
+                if (g := family_gid(h.ports[0], AddrFamily.INET6)) is not None}
+    assert env["NCCL_IB_GID_INDEX"] == str(index)
+    assert family_gid(hcas[0].ports[0], AddrFamily.INET) is not None  # not IPv4's index
+    assert index != family_gid(hcas[0].ports[0], AddrFamily.INET).index
+    (note,) = got.notes
+    assert note.startswith("mlx5_bond_0:1 left out of NCCL_IB_HCA and UCX_NET_DEVICES: no "
+                           "RoCE v2 GID with a global IPv6 address")
+    # On the host network IPv4 covers every port: nothing is left out.
+    host = build(hcas, AUTO).as_dict()
+    assert "mlx5_bond_0:1" in host["NCCL_IB_HCA"] and "mlx5_bond_0:1" in host["UCX_NET_DEVICES"]
+    # ncclEnv: hca makes no GID choice, so there is nothing to leave an HCA out for.
+    only = build(hcas, EnvSettings(nccl=NcclEnv.HCA, non_host_network=True)).as_dict()
+    assert "mlx5_bond_0:1" in only["NCCL_IB_HCA"]
+
+
+def test_a_node_with_no_ipv6_gid_at_all_keeps_its_hcas_and_sets_no_family(
+        tmp_path: Path) -> None:
+    """Nothing would remain: the HCAs stay listed and the GID variables are left unset."""
+    hcas = roce(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11"),
+                sim.RoceHca("mlx5_1", ipv4="10.0.1.11"))
+    got = build(hcas, AUTO_POD_NETWORK)
+    assert got.as_dict()["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    assert "NCCL_IB_ADDR_FAMILY" not in got.as_dict()
+    (note,) = got.notes
+    assert "left out" not in note and "global IPv6" in note
+
+
+def test_the_left_out_hca_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(env_mod, "_SAID", Once(limit=16))
+    hcas = hcas_of(sim.gpu_node(tmp_path / "node", ipv6=True, bond_ipv6=False, hcas=2,
+                                gid_table_size=16))
+    with caplog.at_level(logging.WARNING, logger="rdma_hca.daemon.offer.env"):
+        for _ in range(3):
+            container_env(hcas, AUTO_POD_NETWORK)
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("container env: mlx5_bond_0:1 left out")

@@ -171,10 +171,16 @@ the node can show are left to the daemon.
 {{- range $j, $other := $.Values.pools -}}
 {{- if ne $i $j -}}
 {{- $whole := "" -}}
-{{- if not ($ex.selectors | default $.Values.selectors) -}}{{- $whole = $ex.resourceName -}}{{- end -}}
-{{- if not ($other.selectors | default $.Values.selectors) -}}{{- $whole = $other.resourceName -}}{{- end -}}
+{{- $exSel := $ex.selectors | default $.Values.selectors | default dict -}}
+{{- $otherSel := $other.selectors | default $.Values.selectors | default dict -}}
+{{- /* What both hold: the names of the pool that does not take every HCA. */ -}}
+{{- $named := list -}}
+{{- if not $exSel -}}{{- $whole = $ex.resourceName -}}{{- $named = $otherSel.names | default list -}}{{- end -}}
+{{- if not $otherSel -}}{{- $whole = $other.resourceName -}}{{- $named = $exSel.names | default list -}}{{- end -}}
 {{- if $whole -}}
-{{- fail (printf "pools[%d]: the exclusive pool %s and the pool %s would both hold an HCA (%s takes every HCA: it has no selectors, nor does the top level): an exclusive pool gives each HCA to one pod only; give the pools selectors that keep their HCAs apart" $i $ex.resourceName $other.resourceName $whole) -}}
+{{- $held := "every HCA" -}}
+{{- if $named -}}{{- $held = printf "%s %s" (ternary "the HCA" "the HCAs" (eq (len $named) 1)) (join ", " $named) -}}{{- end -}}
+{{- fail (printf "pools[%d]: the exclusive pool %s and the pool %s would both hold %s (%s takes every HCA: it has no selectors, nor does the top level): an exclusive pool gives each HCA to one pod only; give the pools selectors that keep their HCAs apart" $i $ex.resourceName $other.resourceName $held $whole) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -6,6 +6,14 @@ scrape costs the event loop does not grow with the node. Concurrent connections 
 capped: the port may listen on every address of the node (hostNetwork), and a flood
 of connections must not take the file descriptors discovery needs; a client over the
 cap gets 503 at once and the connection is closed.
+
+Two instances share the TCP port during a rolling update of the DRA driver alone (the
+new pod starts beside the old one on the host network): the port is bound with
+SO_REUSEPORT, which the kernel grants only to sockets of the same user that all ask for
+it, so a second instance of ours shares it while any other program holding the port
+still makes the start fail with "already in use". Which instance answers a TCP request
+is then the kernel's choice; what must be an instance's own (its probes) is also served
+on its probe socket (``rdma_hca.kit.probe``), a unix socket named after its pod.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 
@@ -22,6 +32,7 @@ from prometheus_client.registry import Collector
 from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
 from rdma_hca.daemon.observe.port_metrics import PortText
 from rdma_hca.daemon.observe.status import Status
+from rdma_hca.kit.probe import UNIX_PATH_MAX
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +61,10 @@ class MetricsServer:
     def __init__(self, status: Callable[[], Status], address: str, *,
                  collectors: Iterable[Collector] = (),
                  on_scrape: Callable[[], None] | None = None,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 probe_socket: str | None = None) -> None:
         self.status = status
+        self.probe_socket = probe_socket
         self.address = address
         self.host, self.port = split_address(address)
         self.collectors = tuple(collectors)
@@ -60,6 +73,7 @@ class MetricsServer:
         self.rejected = 0
         self._active = 0
         self._server: asyncio.Server | None = None
+        self._probe: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._ports = PortText()
 
@@ -70,17 +84,47 @@ class MetricsServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._accept, self.host, self.port)
+            self._server = await asyncio.start_server(self._accept, self.host, self.port,
+                                                      reuse_port=True)
         except OSError as exc:
             why = ("the address is already in use" if exc.errno == errno.EADDRINUSE
                    else exc.strerror or str(exc))
             raise BindError(f"cannot serve HTTP on {self.address!r}: {why}; choose another "
                             "HOST:PORT with --metrics-address (metricsAddress), or leave it "
                             "empty to turn the endpoints off") from None
-        log.info("serving /metrics, /healthz and /readyz on %s (port %d)",
-                 self.address, self.bound_port)
+        if self.probe_socket is not None:
+            await self._start_probe(self.probe_socket)
+        log.info("serving /metrics, /healthz and /readyz on %s (port %d)%s",
+                 self.address, self.bound_port,
+                 f", and on the probe socket {self.probe_socket}" if self.probe_socket else "")
+
+    async def _start_probe(self, path: str) -> None:
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            await self.stop()
+            raise BindError(f"cannot serve the probe socket {path}: the path is longer than "
+                            f"{UNIX_PATH_MAX} bytes; set TMPDIR to a shorter directory")
+        # A socket left by this pod's previous container (the scratch directory outlives
+        # it); anything else at the path is not ours to remove.
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        try:
+            self._probe = await asyncio.start_unix_server(self._accept, path)
+            os.chmod(path, 0o600)
+        except OSError as exc:
+            await self.stop()
+            raise BindError(f"cannot serve the probe socket {path}: "
+                            f"{exc.strerror or exc}") from None
 
     async def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+            if self.probe_socket is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.probe_socket)
         if self._server is not None:
             self._server.close()
             for t in list(self._handlers):

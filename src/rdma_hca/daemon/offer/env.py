@@ -18,6 +18,12 @@ on the host network IPv4 where every RoCE port has one, else IPv6 where every po
 that. Where no family covers every port, no GID variable is set (a guess would be right
 on one node and wrong on the next) and a note says why: the front ends log it once.
 
+Off the host network a RoCE port without a RoCE v2 IPv6 GID (a bond nobody gave an IPv6
+address, beside HCAs that have one) cannot carry the pod's RDMA at all: it is left out of
+``NCCL_IB_HCA`` and ``UCX_NET_DEVICES`` as a down port is, so the family is still set for
+the others, and a note names it. Only while some other port remains: on a node where no
+port has one, nothing would be left, and the GID variables are left unset instead.
+
 Pure computation: records and settings in, variables out. docs/nccl.md explains each
 variable and how a pod overrides them.
 """
@@ -75,6 +81,12 @@ def _port_name(hca: Hca, port: Port) -> str:
     return f"{hca.name}:{port.number}"
 
 
+def _without_ipv6(ports: Sequence[tuple[Hca, Port]]) -> list[tuple[Hca, Port]]:
+    """The RoCE ports that have no RoCE v2 GID with a global IPv6 address."""
+    return [(h, p) for h, p in ports
+            if p.link_layer is LinkLayer.ETHERNET and family_gid(p, AddrFamily.INET6) is None]
+
+
 def _gid_variables(ports: Sequence[tuple[Hca, Port]],
                    settings: EnvSettings) -> tuple[list[tuple[str, str]], list[str]]:
     roce = [(h, p) for h, p in ports if p.link_layer is LinkLayer.ETHERNET]
@@ -117,6 +129,15 @@ def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
     if not ports:
         notes.append(f"no port is up on {', '.join(names)}: {NCCL_IB_HCA} is not set")
         return ContainerEnv(tuple(variables), tuple(notes))
+    if settings.non_host_network and settings.nccl is NcclEnv.AUTO:
+        left_out = _without_ipv6(ports)
+        if left_out and len(left_out) < len(ports):
+            ports = [hp for hp in ports if hp not in left_out]
+            notes.append(
+                f"{', '.join(_port_name(h, p) for h, p in left_out)} left out of "
+                f"{NCCL_IB_HCA} and {UCX_NET_DEVICES}: no RoCE v2 GID with a global IPv6 "
+                "address, which non-hostNetwork pods need (their RDMA goes over the node's "
+                "IPv6 network); the other HCAs get the IPv6 GID")
     listed = ",".join(_port_name(h, p) for h, p in ports)
     variables.append((NCCL_IB_HCA, "=" + listed))
     if settings.nccl is NcclEnv.HCA:

@@ -89,12 +89,15 @@ def gpu_node(
     bond: bool = True,
     numa_nodes: int = 2,
     gid_table_size: int = 256,
+    bond_ipv6: bool | None = None,
 ) -> SimNode:
     """A GPU server: ``hcas`` ConnectX-7 RoCE v2 HCAs mlx5_0.. (400 Gb/s, netdevs eth0..,
     one IPv4 address each and with ``ipv6`` a global IPv6 address too), spread evenly
     over ``numa_nodes`` NUMA nodes (0 means the platform reports none), uverbs numbers
     shuffled; with ``bond`` also ``mlx5_bond_0``: two 200 Gb/s ports bonded as bond0.
     ``gid_table_size`` below the real 256 only makes builds cheaper for tests.
+    ``bond_ipv6=False`` with ``ipv6`` makes the mixed node: the bond keeps only its IPv4
+    address, so it has no global IPv6 RoCE GID while the other HCAs have one.
 
     PCI: every two HCAs share a root complex with two GPUs, behind one PCIe switch, as
     on HGX-class servers (GPU 2k and 2k+1 beside mlx5_2k and mlx5_2k+1); the bond sits
@@ -137,7 +140,7 @@ def gpu_node(
             netdev="bond0",
             rate="200 Gb/sec (4X HDR)",
             ipv4="192.168.0.11",
-            ipv6="2001:db8:ffff::11" if ipv6 else None,
+            ipv6="2001:db8:ffff::11" if (ipv6 if bond_ipv6 is None else bond_ipv6) else None,
             gid_table_size=gid_table_size,
         )
         specs.append(
