@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,13 @@ def rdma_hca(argv: list[str], home: Path, **env: str) -> subprocess.CompletedPro
 
 
 def test_serve_dra_names_only_what_serve_accepts(gpu: sim.SimNode, tmp_path: Path) -> None:
-    result = rdma_hca(["serve", "--dra", "--no-device-plugin", "--sysfs-root",
-                       str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root), "--kubelet-root",
-                       str(tmp_path / "kubelet"), "--metrics-address", ""],
-                      tmp_path / "home", NODE_NAME="gpu-1")
+    # The driver's socket paths must fit a unix socket's 107 bytes, which a pytest temp
+    # path may not: the kubelet root is a short directory under /tmp.
+    with tempfile.TemporaryDirectory(prefix="kubelet-", dir="/tmp") as kubelet:
+        result = rdma_hca(["serve", "--dra", "--no-device-plugin", "--sysfs-root",
+                           str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root),
+                           "--kubelet-root", kubelet, "--metrics-address", ""],
+                          tmp_path / "home", NODE_NAME="gpu-1")
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1, result.stderr

@@ -54,6 +54,8 @@ def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings
         "kubelet_root": root, "node_name": NODE, "metrics_address": "127.0.0.1:0",
         "device_plugin_enabled": False,
         "dra": DraConfig(enabled=True, start_jitter_seconds=0),
+        # Claims' CDI specs go to the test's own directory, never the machine's /var/run/cdi.
+        "cdi": CdiConfig(spec_dir=str(tmp / "cdi")),
     }
     base.update(kw)
     settings = Settings(**base)  # type: ignore[arg-type]
@@ -159,7 +161,6 @@ async def test_a_stuck_cdi_directory_does_not_delay_a_dra_slice_update(
         dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from rdma_hca.daemon.offer.cdi import SPEC_FILE
-    from rdma_hca.settings.config import CdiConfig
 
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     kubelet = DraKubelet(kubelet_root, NODE)
