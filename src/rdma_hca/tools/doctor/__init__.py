@@ -26,7 +26,7 @@ from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.settings.config import BY_KEY, add_flags
 from rdma_hca.tools.arguments import http_url
 from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
-from rdma_hca.tools.doctor.result import parse_command
+from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, parse_command
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,8 +68,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
     nd.add_argument("--non-host-network", action="store_true", default=None,
                     help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")
-    nd.add_argument("--readyz-url", default="http://127.0.0.1:9478/readyz", type=http_url,
-                    help="the plugin's readiness URL (200 = registered with the kubelet)")
+    add_flags(nd, [BY_KEY["devicePlugin.enabled"]])
+    nd.add_argument("--readyz-url", type=http_url,
+                    help="the plugin's readiness URL (200 = registered with the kubelet; "
+                    "default: in the plugin's pod (POD_UID set) its own probe socket, "
+                    f"else {DEFAULT_READYZ_URL})")
     p.set_defaults(func=run)
 
 
