@@ -39,6 +39,7 @@ RBAC_FIX = (
 RESYNC_SECONDS = 60  # the driver's resync, which also deletes its node's extra slices
 # The driver's ``kind`` attribute of its node-wide device; per-HCA devices say ``hca``.
 KIND, KIND_NODE = "kind", "node"
+NODE_DEVICE = "all-hcas"  # its name, which the driver gives no HCA's device
 NODE_WIDE = "the node-wide device (rdma/hca through DRA)"
 
 
