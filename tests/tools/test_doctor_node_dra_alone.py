@@ -117,6 +117,8 @@ def test_dra_alone_demands_no_device_plugin_sockets_and_says_so(
         status, doc = doctor(tmp_path, capsys, pod_env(probe_dir, "pod-a"))
     found = checks(doc)
     assert status == 0, doc["checks"]
+    assert (doc["devicePlugin"], doc["probeSocket"]) == (False,
+                                                         probe_socket_path(probe_dir, "pod-a"))
     assert "kubelet socket" not in found and "plugin socket" not in found
     assert found["device plugin"] == {
         "subject": "node", "name": "device plugin", "ok": True,
@@ -173,5 +175,6 @@ def test_without_pod_uid_readiness_is_asked_over_tcp_as_before(
     del env["POD_UID"]
     _, doc = doctor(tmp_path, capsys, env)
     found = checks(doc)[REGISTERED]
-    assert found["detail"].startswith("cannot reach http://127.0.0.1:9478/readyz") or \
-        found["detail"].startswith("http://127.0.0.1:9478/readyz answered")
+    assert "http://127.0.0.1:9478/readyz" in found["detail"]
+    assert "probe socket" not in found["detail"]
+    assert doc["probeSocket"] is None

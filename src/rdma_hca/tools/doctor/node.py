@@ -398,6 +398,8 @@ def report_json(report: NodeReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "nonHostNetwork": report.options.non_host_network,
+        "devicePlugin": report.options.device_plugin,
+        "probeSocket": report.options.probe_socket,  # None: readiness asked over TCP (--readyz-url)
         "netnsMode": inv.netns_mode,
         "rdmaCm": asdict(inv.rdma_cm) if inv.rdma_cm is not None else None,
         "hcas": [
