@@ -5,7 +5,8 @@ One server for everything that talks to the API: ``doctor``'s reads (nodes, the 
 its pods, ResourceSlices, DeviceClasses; 401/403/404 as ``Status`` objects; a client
 certificate's CN over TLS), and the DRA driver's writes (ResourceSlices created with
 ``generateName``, replaced with ``resourceVersion`` conflicts, deleted; ResourceClaims read
-and their ``/status`` subresource written). Slices and claim status are validated as the
+and their ``/status`` subresource written; Events in ``events.k8s.io/v1`` and core ``v1``,
+created and merge-patched). Slices and claim status are validated as the
 real server validates them (:mod:`rdma_hca.devkit.kube.validation`). Faults come on demand
 (an error status with ``Retry-After``, a hang, a connection reset), and every request is
 recorded and counted by verb and path, so tests and the bench can assert on the traffic.
@@ -13,7 +14,7 @@ recorded and counted by verb and path, so tests and the bench can assert on the 
 The state is a :class:`FakeCluster` that tests seed and read directly. The server runs in
 threads of its own: code under test reaches it only through sockets. This module is the
 front tests hold; the pieces live beside it: the state (``cluster``), faults (``faults``),
-storage (``store``), paths (``routes``) and the HTTP side (``httpd``).
+storage (``store``), paths (``routes``), Events (``events``) and the HTTP side (``httpd``).
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ class FakeApiServer:
         return write_kubeconfig(Path(path), self.url, self.token)
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
-               body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
-        return self.router.handle(method, path, query, body)
+               body: dict[str, Any] | None,
+               content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
+        return self.router.handle(method, path, query, body, content_type)
 
     # --- faults and counts ---------------------------------------------------------------
 
@@ -167,6 +169,17 @@ class FakeApiServer:
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             return copy.deepcopy(self.store.find(self.cluster.resource_claims, namespace, name))
+
+    def events(self, *, reason: str | None = None, kind: str | None = None,
+               name: str | None = None) -> list[dict[str, Any]]:
+        """The stored Events (events.k8s.io/v1 shape), oldest first, by reason and about
+        which object (``regarding``'s kind and name) when given."""
+        with self._lock:
+            found = copy.deepcopy(self.cluster.events)
+        return [e for e in found
+                if (reason is None or e.get("reason") == reason)
+                and (kind is None or (e.get("regarding") or {}).get("kind") == kind)
+                and (name is None or (e.get("regarding") or {}).get("name") == name)]
 
     def add_node(self, name: str) -> str:
         """A Node object (replacing one of that name: a node re-created); returns its UID."""

@@ -42,5 +42,8 @@ class FakeCluster:
     # The versions of resource.k8s.io served over one store. v1beta2 has v1's shape (v1 is
     # v1beta2 graduated); v1beta1 (devices under "basic") is not served here.
     dra_versions: tuple[str, ...] = ("v1", "v1beta2")
+    # Events, stored in the events.k8s.io/v1 shape (core v1 requests see them renamed).
+    events: list[dict[str, Any]] = field(default_factory=list)
+    events_v1: bool = True  # False: events.k8s.io/v1 is not served (404), only core v1
     requests: list[Recorded] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)

@@ -30,7 +30,8 @@ class Api(Protocol):
     def take_fault(self, method: str, path: str) -> Fault | None: ...
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
-               body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]: ...
+               body: dict[str, Any] | None,
+               content_type: str = "application/json") -> tuple[int, dict[str, Any]]: ...
 
 
 class Server(ThreadingHTTPServer):
@@ -98,7 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
             if body is not None and not isinstance(body, dict):
                 raise HttpError(400, "BadRequest", "the body must be a JSON object")
-            code, answer = api.handle(method, url.path, query, body)
+            code, answer = api.handle(method, url.path, query, body,
+                                      self.headers.get("Content-Type") or "")
         except HttpError as exc:
             if exc.code == 404 and cluster.plain_404 and "could not find" in str(exc):
                 self._send_raw(404, b"404 page not found\n", "text/plain; charset=utf-8", {})

@@ -8,6 +8,7 @@ from typing import Any
 
 from rdma_hca.devkit.kube.cluster import DRA
 from rdma_hca.devkit.kube.errors import HttpError, not_found
+from rdma_hca.devkit.kube.events import EventsApi
 from rdma_hca.devkit.kube.selectors import SLICE_FIELDS
 from rdma_hca.devkit.kube.store import Store
 
@@ -16,6 +17,7 @@ class Router:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.cluster = store.cluster
+        self.events = EventsApi(store)
 
     def guard(self, verb: str, resource: str, group: str, ns: str | None) -> None:
         if resource in self.cluster.forbidden:
@@ -30,7 +32,8 @@ class Router:
                             "request timed out")
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
-               body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+               body: dict[str, Any] | None,
+               content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
         fields = query.get("fieldSelector", [""])[0]
         labels = query.get("labelSelector", [""])[0]
         parts = path.strip("/").split("/")
@@ -66,6 +69,9 @@ class Router:
                     and cluster.resource_slices is not None:
                 code, answer = self._dra(method, verb, parts[3:], fields, labels, body)
                 return code, _as_version(answer, f"resource.k8s.io/{parts[2]}")
+            events = self.events.handle(method, parts, body, content_type)
+            if events is not None:
+                return events
         raise not_found()
 
     def _dra(self, method: str, verb: str, rest: list[str], fields: str, labels: str,
