@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rdma_hca.kit.sayonce import Once
+from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import Credentials
 from rdma_hca.kube.errors import KubeError, NotFoundError
 from rdma_hca.kube.eventbody import (
@@ -60,10 +61,8 @@ class EventClient(Protocol):
                       params: Mapping[str, str] | None = None) -> dict[str, Any]: ...
 
 
-async def connect_events_client(creds: Credentials, **kw: Any) -> Any:
+async def connect_events_client(creds: Credentials, **kw: Any) -> ApiClient:
     """The recorder's own client: its own token bucket, connections and deadlines."""
-    from rdma_hca.kube.client import ApiClient
-
     return await ApiClient.connect(creds, EVENTS_POLICY, **kw)
 
 

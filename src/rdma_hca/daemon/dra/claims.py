@@ -188,6 +188,8 @@ class ClaimKeeper:
         self.prepared: Claims = {}
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
+        # Told of each claim not prepared (the claim, the error); must not wait.
+        self.on_prepare_failed: Callable[[ClaimRef, str], None] | None = None
         self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
         self.commits = GroupCommit(self.checkpoint, self._run, lambda: self.prepared)
         self.hook_failures = 0
@@ -383,7 +385,10 @@ class ClaimKeeper:
             log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(ref.uid), exc,
                         extra={"claim": _claim_field(ref)})
-            return PrepareResult(error=str(exc) or type(exc).__name__)
+            error = str(exc) or type(exc).__name__
+            if self.on_prepare_failed is not None:
+                self.on_prepare_failed(ref, error)
+            return PrepareResult(error=error)
 
     async def _prepare_locked(self, ref: ClaimRef) -> PrepareResult:
         uid = ref.uid
