@@ -2,28 +2,26 @@
 claim is reserved for (``kubectl describe pod``) and one about the claim, each with the
 error and what to do about it.
 
-The Pod comes from the claim's ``status.reservedFor``, read through the recorder's own
-client (its budget, not the driver's), once per claim: the kubelet's retries of one claim
-are repeats of the same Events, which the recorder counts into their series.
+The Pod comes from the claim's ``status.reservedFor`` as the Prepare read it: no read of
+its own, so Events cost the driver's API budget nothing. A claim that could not be read
+(the API server did not answer, or refused) has its Event on the claim alone, and the
+Pods a claim was once read with are remembered for its later failures. The kubelet's
+retries of one claim are repeats of the same Events, which the recorder counts into their
+series.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
+from collections.abc import Mapping
 from typing import Any
 
 from rdma_hca.daemon.dra.claims import ClaimRef
-from rdma_hca.daemon.dra.kubeapi import GROUP_VERSION, claim_path
-from rdma_hca.kube.errors import KubeError
+from rdma_hca.daemon.dra.kubeapi import GROUP_VERSION
 from rdma_hca.kube.eventbody import WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder
 
-log = logging.getLogger(__name__)
-
 PREPARE_FAILED = "ClaimPrepareFailed"
 ACTION = "PrepareResourceClaim"
-LOOKUPS = 8  # claims whose Pods are being looked up at once; more: Events on the claim only
 KNOWN = 1024  # claims whose Pods are remembered
 
 # What to do, by what the error says (the first that matches); the last one always does.
@@ -63,7 +61,7 @@ def prepare_fix(error: str) -> str:
     return _FIXES[-1][1]
 
 
-def reserved_pods(claim: dict[str, Any], namespace: str) -> tuple[ObjectRef, ...]:
+def reserved_pods(claim: Mapping[str, Any], namespace: str) -> tuple[ObjectRef, ...]:
     """The Pods of ``status.reservedFor`` (other consumers are not Pods)."""
     status = claim.get("status") or {}
     out = []
@@ -75,60 +73,25 @@ def reserved_pods(claim: dict[str, Any], namespace: str) -> tuple[ObjectRef, ...
 
 
 class ClaimEvents:
-    """``prepare_failed(ref, error)`` is the claim keeper's hook: it never waits."""
+    """``prepare_failed(ref, error, claim)`` is the claim keeper's hook: it never waits."""
 
     def __init__(self, recorder: EventRecorder, node: str) -> None:
         self.recorder = recorder
         self.node = node
         self._pods: dict[str, tuple[ObjectRef, ...]] = {}  # claim UID -> its Pods
-        self._waiting: dict[str, list[tuple[ClaimRef, str]]] = {}  # UID -> failures
-        self._lookups: set[asyncio.Task[None]] = set()
 
-    def prepare_failed(self, ref: ClaimRef, error: str) -> None:
-        pods = self._pods.get(ref.uid)
-        if pods is not None:
-            self._record(ref, pods, error)
-        elif ref.uid in self._waiting:
-            self._waiting[ref.uid].append((ref, error))
-        elif len(self._lookups) >= LOOKUPS:
-            self._record(ref, (), error)
-        else:
-            self._waiting[ref.uid] = [(ref, error)]
-            task = asyncio.create_task(self._look_up(ref), name="events-claim-pods")
-            self._lookups.add(task)
-            task.add_done_callback(self._lookups.discard)
-
-    async def close(self) -> None:
-        tasks = list(self._lookups)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _look_up(self, ref: ClaimRef) -> None:
-        pods: tuple[ObjectRef, ...] = ()
-        try:
-            claim = await self.recorder.client.request("GET", claim_path(ref.namespace,
-                                                                          ref.name))
-            if (claim.get("metadata") or {}).get("uid") == ref.uid:
-                pods = reserved_pods(claim, ref.namespace)
-            if len(self._pods) >= KNOWN:
+    def prepare_failed(self, ref: ClaimRef, error: str,
+                       claim: Mapping[str, Any] | None = None) -> None:
+        if claim is not None and (claim.get("metadata") or {}).get("uid") == ref.uid:
+            if len(self._pods) >= KNOWN and ref.uid not in self._pods:
                 self._pods.pop(next(iter(self._pods)))
-            self._pods[ref.uid] = pods
-        except KubeError as exc:
-            # Not remembered: the next failure of the claim looks again.
-            log.debug("the Pods of claim %s/%s are not known (%s): its Event is on the "
-                      "claim only", ref.namespace, ref.name, exc)
-        finally:
-            waiting = self._waiting.pop(ref.uid, [])
-        for r, error in waiting:
-            self._record(r, pods, error)
-
-    def _record(self, ref: ClaimRef, pods: tuple[ObjectRef, ...], error: str) -> None:
-        claim = ObjectRef("ResourceClaim", ref.name, ref.namespace, ref.uid, GROUP_VERSION)
+            self._pods[ref.uid] = reserved_pods(claim, ref.namespace)
+        pods = self._pods.get(ref.uid, ())
+        about = ObjectRef("ResourceClaim", ref.name, ref.namespace, ref.uid, GROUP_VERSION)
         note = (f"claim {ref.namespace}/{ref.name} was not prepared on node {self.node}: "
                 f"{error}. To fix: {prepare_fix(error)}")
         for pod in pods:
             self.recorder.record(EventSpec(pod, PREPARE_FAILED, note, type=WARNING,
-                                           action=ACTION, related=claim))
-        self.recorder.record(EventSpec(claim, PREPARE_FAILED, note, type=WARNING,
+                                           action=ACTION, related=about))
+        self.recorder.record(EventSpec(about, PREPARE_FAILED, note, type=WARNING,
                                        action=ACTION))

@@ -247,8 +247,6 @@ class DraDriver:
                           ", ".join(t.get_name() for t in pending))
         await self.sockets.stop()
         await self.claims.close()
-        if self.claim_events is not None:
-            await self.claim_events.close()
         if self.events is not None and self._own_events:
             await self.events.close()
             self.events, self._own_events = None, False

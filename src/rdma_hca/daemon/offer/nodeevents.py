@@ -140,14 +140,17 @@ def _gone_note(name: str, hca: Hca | None) -> str:
 
 
 async def start_node_events(kubeconfig: str | None, node: str, *, off: OffLoop | None,
-                            wanted: Callable[[Hca], bool]) -> NodeEvents | None:
-    """A started recorder and its node watcher, or None (said once) when there are no
-    credentials: Events are a courtesy and never stop the daemon."""
+                            wanted: Callable[[Hca], bool],
+                            quiet: bool = False) -> NodeEvents | None:
+    """A started recorder and its node watcher, or None (said once; ``quiet``: in the
+    debug log only, when another part says it better) when there are no credentials:
+    Events are a courtesy and never stop the daemon."""
     try:
         recorder = await connect_recorder(kubeconfig, node, off=off)
     except (KubeError, OSError) as exc:
-        log.warning("Kubernetes Events are off: no usable API server credentials (%s); "
-                    "with the chart, set events.enabled: true to mount a token", exc)
+        say = log.debug if quiet else log.warning
+        say("Kubernetes Events are off: no usable API server credentials (%s); with the "
+            "chart, set events.enabled: true to mount a token", exc)
         return None
     recorder.start()
     return NodeEvents(recorder, node, wanted)
