@@ -26,11 +26,13 @@ from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.offer.cdi import SPEC_FILE, build_spec, write_spec
 from rdma_hca.daemon.offer.env import env_settings
 from rdma_hca.daemon.offer.nodeevents import NodeEvents, start_node_events
+from rdma_hca.daemon.offer.nodeevents import stats as event_stats
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.sayonce import Latch, Once
+from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
@@ -129,6 +131,12 @@ class Daemon:
         return self.health.inventory
 
     @property
+    def _recorder(self) -> EventRecorder | None:
+        if self.node_events is not None:
+            return self.node_events.recorder
+        return self.dra.events if self.dra is not None else None
+
+    @property
     def failed(self) -> bool:
         """A root task ended by itself: the process should exit non-zero."""
         return bool(self.supervisor.dead)
@@ -145,6 +153,7 @@ class Daemon:
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
             gpus=inv.gpus if inv is not None else (),
+            events=None if self._recorder is None else event_stats(self._recorder),
             pools=tuple(
                 PoolStatus(
                     resource=r.resource_name,

@@ -156,7 +156,8 @@ class EventRecorder:
             self.dropped += 1
             if self._said.first("dropped"):
                 log.warning("Kubernetes Events are being dropped: %d are waiting for the API "
-                            "server already (counted in rdma_hca_events_dropped_total)",
+                            "server already (counted as outcome=\"dropped\" in "
+                            "rdma_hca_events_total)",
                             len(self._pending))
             return
         self._pending[spec] = None
