@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import off_loop
-from rdma_hca.kube.credentials import CredentialSearch, Credentials, load_credentials
+from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.eventbody import NORMAL, WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder, connect_events_client
