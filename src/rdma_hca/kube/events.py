@@ -188,6 +188,10 @@ class EventRecorder:
             except KubeError as exc:
                 self.failed += 1
                 self._say_failure(exc)
+            except Exception as exc:  # a courtesy must not end its sender: said, counted
+                self.failed += 1
+                if self._said.first(f"bug {type(exc).__name__}"):
+                    log.warning("a Kubernetes Event was not sent: %r", exc)
 
     def _say_failure(self, exc: KubeError) -> None:
         if exc.status == 403:
