@@ -5,6 +5,7 @@ exit. Inventories come from a simulated node; the series window runs on a given 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,28 @@ async def test_a_flapping_port_is_one_event_per_episode(
     events.observe(read(node))
     assert await recorder.drain(10)
     assert len(on_node(api, "HcaPortDown")) == 2
+
+
+async def test_a_port_held_for_flapping_is_down_until_the_hold_ends(
+        node: SimNode, api: FakeApiServer, recorder: EventRecorder) -> None:
+    events = NodeEvents(recorder, NODE)
+    events.observe(read(node))
+    node.set_port("mlx5_1", up=False)
+    events.observe(read(node))
+    for _ in range(3):  # flaps while the HCA is held: no Event at all
+        node.set_port("mlx5_1", up=True)
+        events.observe(replace(read(node), held=frozenset({"mlx5_1"})))
+        node.set_port("mlx5_1", up=False)
+        events.observe(replace(read(node), held=frozenset({"mlx5_1"})))
+    node.set_port("mlx5_1", up=True)
+    events.observe(replace(read(node), held=frozenset({"mlx5_1"})))
+    assert await recorder.drain(10)
+    assert on_node(api, "HcaPortUp") == []
+    events.observe(read(node))  # the hold ends
+    assert await recorder.drain(10)
+    (down,) = on_node(api, "HcaPortDown")
+    (up,) = on_node(api, "HcaPortUp")
+    assert "series" not in down and "series" not in up
 
 
 async def test_device_nodes_gone_and_back(

@@ -2,9 +2,9 @@
 an HCA's device nodes gone and back, and the config refusals at start.
 
 What happened to which HCA is compared from one inventory to the next; only changes are
-told. A flapping port is one episode: its downs are repeats of one Warning (the recorder
-counts them into that Event's series) and its ups of one Normal, whether the inventories
-show every flap or a health verdict holds the port down until it settles.
+told. A flapping port is one episode: while the health watcher holds its HCA down
+(flapHoldSeconds) it counts as down, and without a hold its downs are repeats of one
+Warning (the recorder counts them into that Event's series) and its ups of one Normal.
 
 The Events are about the Node. The kubelet's own name them with the node's name as UID,
 which is where ``kubectl describe node`` looks, so these do too and need no read of the
@@ -84,7 +84,10 @@ class NodeEvents:
 
     def observe(self, inventory: NodeInventory) -> None:
         hcas = {h.name: h for h in inventory.hcas if self.wanted(h)}
-        ports = {(h.name, p.number): p.is_up for h in hcas.values() for p in h.ports}
+        # An HCA held down for flapping counts as down until its hold ends: then the
+        # episode is one Warning and one Normal, whatever the port did in between.
+        ports = {(h.name, p.number): p.is_up and h.name not in inventory.held
+                 for h in hcas.values() for p in h.ports}
         devices = {name: _devices_there(h) for name, h in hcas.items()}
         first = self._ports is None
         before_ports = self._ports or {}
