@@ -25,12 +25,15 @@ from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.offer.cdi import SPEC_FILE, build_spec, write_spec
 from rdma_hca.daemon.offer.env import env_settings
+from rdma_hca.daemon.offer.nodeevents import NodeEvents, start_node_events
+from rdma_hca.daemon.offer.nodeevents import stats as event_stats
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
+from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
 STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
 CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
+EVENTS_GRACE = 0.5  # what a stop gives queued Events to go out
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
 
 
@@ -122,6 +126,8 @@ class Daemon:
         self.files = OffLoop(self.read_deadline)
         self.supervisor = Supervisor()
         self.findings = NodeFindings()
+        # Kubernetes Events about the node (and, handed to the DRA driver, its claims).
+        self.node_events: NodeEvents | None = None
         self.http: MetricsServer | None = None
         self.started = time.time()
         self.cdi_check_seconds = CDI_CHECK_SECONDS
@@ -136,6 +142,12 @@ class Daemon:
     @property
     def inventory(self) -> NodeInventory | None:
         return self.health.inventory
+
+    @property
+    def _recorder(self) -> EventRecorder | None:
+        if self.node_events is not None:
+            return self.node_events.recorder
+        return self.dra.events if self.dra is not None else None
 
     @property
     def failed(self) -> bool:
@@ -154,6 +166,7 @@ class Daemon:
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
             gpus=inv.gpus if inv is not None else (),
+            events=None if self._recorder is None else event_stats(self._recorder),
             pools=tuple(
                 PoolStatus(
                     resource=r.resource_name,
@@ -271,15 +284,26 @@ class Daemon:
         inventory = await self.health.refresh()
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
+        await self._start_events()
         twice = {name: who for name, who in overlapping_hcas(self.settings,
                                                               inventory.hcas).items()
                  if "dra" in who}
-        if twice:
-            raise ConfigError(
-                "dra.selectors", ", ".join(f"{n} ({' and '.join(w)})" for n, w in twice.items()),
-                "an HCA is offered by DRA and by a device plugin pool at once; give dra.selectors "
-                "and the pools' selectors HCAs apart, or set devicePlugin.enabled: false")
-        self._check_pools_apart(inventory.hcas)
+        try:
+            if twice:
+                raise ConfigError(
+                    "dra.selectors",
+                    ", ".join(f"{n} ({' and '.join(w)})" for n, w in twice.items()),
+                    "an HCA is offered by DRA and by a device plugin pool at once; give "
+                    "dra.selectors and the pools' selectors HCAs apart, or set "
+                    "devicePlugin.enabled: false")
+            self._check_pools_apart(inventory.hcas)
+        except ConfigError as exc:
+            if self.node_events is not None:
+                # Beside the exit, where `kubectl describe node` shows it; bounded.
+                await self.node_events.refused_sent(str(exc))
+            raise
+        if self.node_events is not None:
+            self.node_events.observe(inventory)
         if self.settings.metrics_address:
             server = MetricsServer(self.status, self.settings.metrics_address,
                                    collectors=[self.allocations.latency],
@@ -307,9 +331,40 @@ class Daemon:
                 "dra-follow", self.health.follow(self.dra.update, seen)))
         self._tasks.append(self.supervisor.spawn(
             "node-findings", self.health.follow(self.judge_node, seen)))
+        if self.node_events is not None:
+            self._tasks.append(self.supervisor.spawn(
+                "node-events", self.health.follow(self._tell_node, seen)))
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
             self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
+
+    async def _start_events(self) -> None:
+        """The node's recorder, when the DRA driver runs (its account may write Events) or
+        events.enabled asks for it; the DRA driver's claim Events go through it too."""
+        if self.node_events is not None or not (self.dra is not None
+                                                or self.settings.events_enabled):
+            return
+        node = self.settings.node_name
+        if not node:
+            log.warning("Kubernetes Events are off: the node's name is not known (set "
+                        "NODE_NAME; the chart does)")
+            return
+        # Without credentials the DRA driver refuses to start, in words of its own.
+        self.node_events = await start_node_events(None, node, off=self.files,
+                                                   wanted=self._offered,
+                                                   quiet=self.dra is not None)
+        if self.node_events is not None and self.dra is not None:
+            self.dra.events = self.node_events.recorder
+
+    def _offered(self, hca: Hca) -> bool:
+        """An HCA a pool or the DRA driver selects: the only ones the node's Events name."""
+        if self.dra is not None and self.settings.dra.selectors.matches(hca):
+            return True
+        return any(p.selectors.matches(hca) for p in self.settings.pools)
+
+    async def _tell_node(self, inventory: NodeInventory) -> None:
+        if self.node_events is not None:
+            self.node_events.observe(inventory)
 
     def _say_late_exclusive_overlap(self, hcas: Sequence[Hca]) -> None:
         """HCAs that appeared after start in an exclusive pool and another: said once each.
@@ -383,6 +438,10 @@ class Daemon:
         if self.http is not None:
             await _settle([asyncio.ensure_future(self.http.stop())], "the HTTP server")
             self.http = None
+        if self.node_events is not None:
+            recorder, self.node_events = self.node_events.recorder, None
+            await _settle([asyncio.ensure_future(recorder.close(grace=EVENTS_GRACE))],
+                          "the Event recorder")
 
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:

@@ -183,7 +183,9 @@ class ApiClient:
         content: bytes | None = None
         if body is not None:
             content = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            # A PATCH is a JSON merge patch (RFC 7386): the server refuses plain JSON there.
+            headers["Content-Type"] = ("application/merge-patch+json" if method == "PATCH"
+                                       else "application/json")
         url = self.server + path
         source = self.creds.source
         try:

@@ -201,6 +201,11 @@ SETTINGS: tuple[Setting, ...] = (
        "containers: v1alpha1 (what Kubernetes 1.36 reads), v1beta1 (v1beta1, then "
        "v1alpha1), off: none", enum=DeviceMetadata,
        aliases=(("false", "off"),)),  # YAML reads a bare off as false
+    # --- Kubernetes Events -----------------------------------------------------------------
+    _s("events.enabled", Kind.BOOL, False,
+       "record Kubernetes Events on the Node when an HCA's port goes down or back or its "
+       "device nodes go (needs API credentials; the DRA driver records its Events whatever "
+       "this says)", attr="events_enabled"),
     # --- timing ------------------------------------------------------------------------
     _s("healthPollSeconds", Kind.FLOAT, DEFAULT_HEALTH_POLL_SECONDS,
        "how often port state is read from sysfs, seconds", minimum=0.05, maximum=60),

@@ -204,6 +204,8 @@ class Settings:
     pools: tuple[PoolConfig, ...] = (PoolConfig(),)
     device_plugin_enabled: bool = True
     non_host_network: bool = False
+    # Node Events from the device plugin's side too (the DRA driver always records them).
+    events_enabled: bool = False
     nccl_env: NcclEnv = NcclEnv.AUTO
     health_poll_seconds: float = DEFAULT_HEALTH_POLL_SECONDS
     flap_hold_seconds: float = DEFAULT_FLAP_HOLD_SECONDS

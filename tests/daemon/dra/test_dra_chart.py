@@ -53,7 +53,7 @@ def test_device_classes_select_the_driver(dra_render: RenderFn) -> None:
     assert [o["metadata"]["name"] for o in none if o["kind"] == "DeviceClass"] == ["rdma-hca.io"]
 
 
-def test_rbac_is_slices_its_node_and_its_claims_status_only(dra_render: RenderFn) -> None:
+def test_rbac_is_slices_its_node_its_claims_status_and_events_only(dra_render: RenderFn) -> None:
     objs = dra_render({**ON, "dra.driverName": "hca.example.com"})
     (role,) = [o for o in objs if o["kind"] == "ClusterRole"]
     assert role["rules"] == [
@@ -66,6 +66,9 @@ def test_rbac_is_slices_its_node_and_its_claims_status_only(dra_render: RenderFn
         # 1.36: status.devices is authorized per driver, for the node the caller runs on.
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
          "verbs": ["associated-node:update"], "resourceNames": ["hca.example.com"]},
+        # Events on the Pod of a failed Prepare and on the Node: written, never read.
+        {"apiGroups": ["events.k8s.io", ""], "resources": ["events"],
+         "verbs": ["create", "patch"]},
     ]
     (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
     (sa,) = [o for o in objs if o["kind"] == "ServiceAccount"]

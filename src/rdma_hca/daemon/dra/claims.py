@@ -188,6 +188,11 @@ class ClaimKeeper:
         self.prepared: Claims = {}
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
+        # Told of each claim not prepared (the claim, the error, the object when it was
+        # read); must not wait.
+        self.on_prepare_failed: Callable[[ClaimRef, str, Mapping[str, Any] | None], None] \
+            | None = None
+        self._read: dict[str, Mapping[str, Any]] = {}  # UID -> the object, while preparing
         self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
         self.commits = GroupCommit(self.checkpoint, self._run, lambda: self.prepared)
         self.hook_failures = 0
@@ -380,10 +385,16 @@ class ClaimKeeper:
             async with self._claim_locked(ref.uid):
                 return await self._prepare_locked(ref)
         except Exception as exc:
+            source = self._read.get(ref.uid)
             log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(ref.uid), exc,
                         extra={"claim": _claim_field(ref)})
-            return PrepareResult(error=str(exc) or type(exc).__name__)
+            error = str(exc) or type(exc).__name__
+            if self.on_prepare_failed is not None:
+                self.on_prepare_failed(ref, error, source)
+            return PrepareResult(error=error)
+        finally:
+            self._read.pop(ref.uid, None)
 
     async def _prepare_locked(self, ref: ClaimRef) -> PrepareResult:
         uid = ref.uid
@@ -404,6 +415,7 @@ class ClaimKeeper:
         if self.api is None:
             raise RuntimeError("the driver is not started")
         claim = parse_claim(await self.api.get_claim(ref.namespace, ref.name))
+        self._read[uid] = claim.source
         if claim.uid != uid:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {claim.uid}, "
                              f"not {uid}: it was deleted and created again")

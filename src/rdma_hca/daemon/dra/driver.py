@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.claimevents import ClaimEvents
 from rdma_hca.daemon.dra.claims import (
     Claim,
     ClaimKeeper,
@@ -33,8 +34,10 @@ from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, S
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
+from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.unixserver import socket_path_problem
+from rdma_hca.kube.events import EventRecorder, connect_events_client
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,14 @@ class DraDriver:
 
     def __init__(self, config: DriverConfig, *, api: ApiClient | None = None,
                  on_prepared: PreparedHook | None = None,
-                 on_unprepared: UnpreparedHook | None = None) -> None:
+                 on_unprepared: UnpreparedHook | None = None,
+                 events: EventRecorder | None = None) -> None:
         self.config = config
+        # The daemon's recorder when it gives one; else the driver makes its own at start
+        # (with the API client it makes itself), on a budget apart from the driver's.
+        self.events = events
+        self._own_events = False
+        self.claim_events: ClaimEvents | None = None
         self._api = api
         self._own_api = api is None
         self._taints = config.device_taints
@@ -212,6 +221,16 @@ class DraDriver:
             except KubeApiError as exc:
                 # The message names what serve accepts and tried (rdma_hca.kube.credentials).
                 raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
+        if self.events is None and self._own_api and isinstance(self._api, SliceApi):
+            client = await connect_events_client(self._api.client.creds, off=self._files)
+            self.events = EventRecorder(client, controller=CONTROLLER,
+                                        instance=self.config.node_name,
+                                        close_client=client.close)
+            self.events.start()
+            self._own_events = True
+        if self.events is not None:
+            self.claim_events = ClaimEvents(self.events, self.config.node_name)
+            self.claims.on_prepare_failed = self.claim_events.prepare_failed
         await self.claims.load()
         self.claims.start()
         self.claims.api = self._api
@@ -246,6 +265,9 @@ class DraDriver:
         await self.claims.close()
         if self.status_writer is not None:
             await self.status_writer.close()
+        if self.events is not None and self._own_events:
+            await self.events.close()
+            self.events, self._own_events = None, False
         if self._api is not None and self._own_api:
             with contextlib.suppress(Exception):
                 await self._api.close()

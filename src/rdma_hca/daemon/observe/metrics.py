@@ -195,6 +195,14 @@ class StatusFamilies:
                             "HTTP connections refused over the connection cap")
         rejected.add_metric([], self.http_rejected)
         yield rejected
+        if s.events is not None:
+            events = _counter("rdma_hca_events_total",
+                              "Kubernetes Events by outcome: created, patched (a repeat "
+                              "counted in its series), failed (refused or unanswered), "
+                              "dropped (the recorder's queue was full)", ["outcome"])
+            for outcome in ("created", "patched", "failed", "dropped"):
+                events.add_metric([outcome], s.events.get(outcome, 0))
+            yield events
         if s.health_last_pass is not None:
             last = GaugeMetricFamily("rdma_hca_health_last_pass_timestamp_seconds",
                                      "Unix time the health loop last completed a pass")

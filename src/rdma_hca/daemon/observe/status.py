@@ -74,6 +74,8 @@ class Status:
     health_stale_after: float = 10.0  # seconds without a completed pass that fail /healthz
     dra: DraStatus | None = None  # None: the DRA driver is off
     gpus: tuple[Gpu, ...] = ()  # the node's NVIDIA GPUs, for the join series
+    # Kubernetes Events by outcome (created, patched, failed, dropped); None: no recorder.
+    events: Mapping[str, int] | None = None
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,108 @@
+"""The DRA driver's Events: a Prepare that fails warns the Pod the claim is reserved for
+(and the claim), with the error and the fix; the kubelet's retries are one series; and
+an API server holding every Event request delays neither a Prepare nor a slice write."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dra_support import DRIVER, NODE
+
+from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.sim import nodes as sim
+
+
+def _result(device: str, pool: str = NODE) -> dict[str, str]:
+    return {"request": "hca", "driver": DRIVER, "pool": pool, "device": device}
+
+
+def _reserve(api: FakeApiServer, namespace: str, name: str, pod: str) -> None:
+    with api.store.lock:
+        for claim in api.cluster.resource_claims:
+            if claim["metadata"]["name"] == name and claim["metadata"]["namespace"] == namespace:
+                claim["status"]["reservedFor"] = [
+                    {"resource": "pods", "name": pod, "uid": f"uid-{pod}"}]
+
+
+def _count(event: dict[str, Any]) -> int:
+    return int((event.get("series") or {}).get("count") or 1)
+
+
+def _misallocated_claim(stage: DraStage) -> str:
+    """A claim allocated from another node's pool: its Prepare fails at once."""
+    uid = stage.api.add_claim("ml", "trainer-hca", [_result("mlx5-1", pool="node-b")])
+    _reserve(stage.api, "ml", "trainer-hca", "trainer-0")
+    return uid
+
+
+async def _failing_claim(stage: DraStage, dra_node: sim.SimNode) -> str:
+    uid = stage.api.add_claim("ml", "trainer-hca", [_result("mlx5-1")])
+    _reserve(stage.api, "ml", "trainer-hca", "trainer-0")
+    dra_node.remove_hca("mlx5_1")
+    assert await stage.until(lambda: "mlx5-1" not in stage.devices())
+    return uid
+
+
+async def test_a_failed_prepare_warns_the_pod_with_the_reason_and_the_fix(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    assert stage.kubelet is not None
+    uid = await _failing_claim(stage, dra_node)
+    started = time.monotonic()
+    resp = await stage.kubelet.prepare(DRIVER, [("ml", uid, "trainer-hca")])
+    assert "no longer on this node" in resp.claims[uid].error
+    assert await stage.until(lambda: bool(stage.api.events(kind="Pod")))
+    print(f"\nthe Pod's Event was stored {time.monotonic() - started:.3f} s after the Prepare")
+    (event,) = stage.api.events(kind="Pod")
+    assert event["type"] == "Warning" and event["reason"] == "ClaimPrepareFailed"
+    assert event["regarding"]["name"] == "trainer-0"
+    assert event["regarding"]["uid"] == "uid-trainer-0"
+    assert event["metadata"]["namespace"] == "ml"
+    assert event["related"]["kind"] == "ResourceClaim"
+    assert event["related"]["uid"] == uid
+    assert "no longer on this node" in event["note"]
+    assert "To fix: the HCA left this node" in event["note"]
+    assert event["reportingInstance"] == NODE
+    assert await stage.until(lambda: bool(stage.api.events(kind="ResourceClaim")))
+    (on_claim,) = stage.api.events(kind="ResourceClaim")
+    assert on_claim["note"] == event["note"]
+
+
+async def test_21_failures_are_at_most_3_events_with_their_count(stage: DraStage) -> None:
+    assert stage.kubelet is not None
+    uid = _misallocated_claim(stage)
+    for _ in range(21):
+        resp = await stage.kubelet.prepare(DRIVER, [("ml", uid, "trainer-hca")])
+        assert resp.claims[uid].error
+    assert await stage.until(
+        lambda: sum(_count(e) for e in stage.api.events(kind="Pod")) == 21)
+    assert await stage.until(
+        lambda: sum(_count(e) for e in stage.api.events(kind="ResourceClaim")) == 21)
+    pod_events = stage.api.events(kind="Pod")
+    assert len(pod_events) <= 3
+    assert len(pod_events) == 1 and pod_events[0]["series"]["count"] == 21
+    assert stage.driver is not None and stage.driver.events is not None
+    assert stage.driver.events.dropped == 0
+
+
+async def test_held_event_requests_delay_neither_a_prepare_nor_a_slice_write(
+        stage: DraStage, dra_node: sim.SimNode) -> None:
+    assert stage.kubelet is not None and stage.driver is not None
+    api = stage.api
+    api.hang(60, path="/events", times=10_000)  # discovery and every Event request
+    uid = _misallocated_claim(stage)
+    failed = await stage.kubelet.prepare(DRIVER, [("ml", uid, "trainer-hca")])
+    assert failed.claims[uid].error
+    assert await stage.until(lambda: api.count(path="/events") >= 1)
+    # The recorder is stuck on the server; the driver's own calls go on.
+    fine = api.add_claim("ml", "fine", [_result("mlx5-0")])
+    started = time.monotonic()
+    resp = await stage.kubelet.prepare(DRIVER, [("ml", fine, "fine")])
+    print(f"\na Prepare with the Event path held took {time.monotonic() - started:.3f} s")
+    assert resp.claims[fine].error == ""
+    dra_node.remove_hca("mlx5_2")
+    assert await stage.until(lambda: "mlx5-2" not in stage.devices())
+    assert stage.driver.events is not None
+    assert not await stage.driver.events.drain(0.01)  # still held: nothing was sent
+    assert api.events() == []
