@@ -359,6 +359,7 @@ def test_json_carries_the_slice_facts(
     assert doc["dra"]["nodes"][1] == {
         "node": "e01-cn-b", "slices": ["e01-cn-b-rdma-hca.io-x7k2p"], "pools": ["e01-cn-b"],
         "generation": 2, "devices": 2, "tainted": 1, "linkDown": 1, "ok": False,
+        "nodeDevice": None,
     }
 
 

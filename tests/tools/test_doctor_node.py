@@ -385,3 +385,43 @@ def test_inside_the_plugin_pod_the_checkpoint_is_found_from_its_settings(
     assert doc["draShares"]["checkpoint"] == str(
         root / "plugins" / "hca.example.com" / "checkpoint.json")
     assert doc["draShares"]["hcas"][1]["heldBitsPerSecond"] == 25 * 10**9
+
+
+def _node_wide_claim(ns: str, name: str, hcas: str, shares: int = 1) -> Any:
+    """A claim of the node-wide device as the driver records it: every HCA it gave."""
+    from rdma_hca.kit.dra_checkpoint import PreparedClaim, PreparedDevice, Share
+
+    return PreparedClaim(ns, name, (PreparedDevice(
+        ("rdma-hca",), "node-a", "all-hcas", hcas, ("rdma-hca.io/claim=u-all-hcas",),
+        tuple(Share(f"share-{name}-{i}") for i in range(shares))),))
+
+
+def test_node_wide_claims_are_listed_apart_and_hold_no_hca(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rdma_hca.daemon.dra.devices import NODE_DEVICE
+    from rdma_hca.tools.doctor.slices import NODE_DEVICE as DOCTORS
+
+    assert DOCTORS == NODE_DEVICE  # the doctor may not import the driver: same name
+    plugins = tmp_path / "plugins"
+    # One claim gave both HCAs, one was prepared when only mlx5_0 was usable: neither
+    # holds an HCA, though "mlx5_0" is the name of one.
+    _checkpoint(plugins, {"u1": _claim("train", "a", "mlx5_0", 100 * 10**9),
+                          "u2": _node_wide_claim("web", "x", "mlx5_0,mlx5_1", shares=2),
+                          "u3": _node_wide_claim("web", "y", "mlx5_0")})
+    assert host.doctor("--plugins-dir", str(plugins)) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[:1] in (["mlx5_0"], ["mlx5_1"]) and "G" in line.split()[1]}
+    assert rows["mlx5_0"][:4] == ["mlx5_0", "100G", "400G", "1"]
+    assert rows["mlx5_1"][:4] == ["mlx5_1", "0G", "400G", "0"]
+    assert ("✓ DRA bandwidth: 3 prepared claim(s); 1 HCA(s) with bandwidth held; the "
+            "node-wide device (rdma/hca through DRA) held by 2 claim(s): web/x (hcaCount 2), "
+            "web/y (hcaCount 1)") in out
+    assert host.doctor("--plugins-dir", str(plugins), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)["draShares"]
+    assert [len(h["claims"]) for h in doc["hcas"]] == [1, 0]
+    assert doc["nodeDevice"] == {"name": "all-hcas", "claims": [
+        {"namespace": "web", "name": "x", "uid": "u2", "hcaCount": 2,
+         "hcas": ["mlx5_0", "mlx5_1"], "shareIDs": ["share-x-0", "share-x-1"]},
+        {"namespace": "web", "name": "y", "uid": "u3", "hcaCount": 1, "hcas": ["mlx5_0"],
+         "shareIDs": ["share-y-0"]}]}

@@ -15,6 +15,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import pwd
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +26,7 @@ from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.settings.config import BY_KEY, add_flags
 from rdma_hca.tools.arguments import http_url
 from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
-from rdma_hca.tools.doctor.result import parse_command
+from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, parse_command
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,8 +68,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     nd.add_argument("--config", help="the plugin's YAML config (read for nonHostNetwork)")
     nd.add_argument("--non-host-network", action="store_true", default=None,
                     help="RDMA for non-hostNetwork pods is on (needs IPv6 GIDs)")
-    nd.add_argument("--readyz-url", default="http://127.0.0.1:9478/readyz", type=http_url,
-                    help="the plugin's readiness URL (200 = registered with the kubelet)")
+    add_flags(nd, [BY_KEY["devicePlugin.enabled"]])
+    nd.add_argument("--readyz-url", type=http_url,
+                    help="the plugin's readiness URL (200 = registered with the kubelet; "
+                    "default: in the plugin's pod (POD_UID set) its own probe socket, "
+                    f"else {DEFAULT_READYZ_URL})")
     p.set_defaults(func=run)
 
 
@@ -82,21 +86,38 @@ def run(
     out: TextIO | None = None,
 ) -> int:
     """Run the view the flags ask for; the keyword arguments exist so tests can pin the
-    environment, the home directory, the service-account root and the clock."""
+    environment, the home directory, the service-account root and the clock.
+
+    Run by the CLI, the environment is the one ``cli.main`` was given (``args.environ``):
+    credentials, the kubeconfig's home and the node view's settings all come from it."""
     stream = out if out is not None else sys.stdout
+    given: Mapping[str, str] | None = getattr(args, "environ", None)
+    environ = env if env is not None else given if given is not None else os.environ
     if args.node:
         # Imported here: the node view needs discovery and config, the cluster view neither.
         from rdma_hca.tools.doctor import node
 
-        return node.run(args, out=stream, env=env)
+        return node.run(args, out=stream, env=environ)
     return run_cluster(
         args,
-        env=os.environ if env is None else env,
-        home=Path.home() if home is None else home,
+        env=environ,
+        home=_home(environ) if home is None else home,
         in_cluster_root=in_cluster_root,
         now=now or dt.datetime.now(dt.UTC),
         out=stream,
     )
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    """``~`` as kubectl finds it: ``$HOME`` of the given environment, else the account's."""
+    home = env.get("HOME")
+    if home:
+        return Path(home)
+    try:
+        # Not Path.home(): it reads the process's $HOME, which the given environment replaces.
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # a uid without a passwd entry (a container's arbitrary user)
+        return Path.home()
 
 
 def run_cluster(

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from rdma_hca.kit.probe import ProbeError, ask, default_dir, probe_socket_path
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
@@ -31,7 +32,7 @@ from rdma_hca.settings.config import ConfigError, load_settings
 from rdma_hca.settings.model import Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
-from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check
 from rdma_hca.tools.doctor.shares import (
     Shares,
     checkpoint_path,
@@ -60,6 +61,11 @@ class NodeOptions:
     readyz_timeout: float = READYZ_TIMEOUT
     read_deadline: float = DEFAULT_DEADLINE
     dra_checkpoint: Path | None = None  # the DRA driver's: who holds how much of each HCA
+    # False: the DRA driver alone, which has no device-plugin sockets to look for.
+    device_plugin: bool = True
+    # This pod's own daemon (POD_UID): asked instead of readyz_url, which on the host
+    # network may reach the other instance during a rolling update.
+    probe_socket: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +82,9 @@ class NodeReport:
 
 def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None = None) -> int:
     """Entry point of ``doctor --node``: 0 all good, 1 a check failed, 2 a bad config."""
+    environ = os.environ if env is None else env
     try:
-        settings = _settings(args, os.environ if env is None else env)
+        settings = _settings(args, environ)
     except ConfigError as exc:
         return _usage_error(out, args.json, str(exc))
     # The flags, else the plugin's own settings: inside its pod the doctor finds the
@@ -85,15 +92,21 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
     driver = getattr(args, "dra_driver", None) or DEFAULT_DRIVER
     if driver == DEFAULT_DRIVER:
         driver = settings.dra.driver_name
+    # A URL given wins; otherwise inside the plugin's pod its own probe socket answers.
+    url = getattr(args, "readyz_url", None)
+    probe = (probe_socket_path(default_dir(environ), settings.pod_uid)
+             if url is None and settings.pod_uid else None)
     options = NodeOptions(
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         kubelet_dir=Path(args.kubelet_dir),
-        readyz_url=args.readyz_url,
+        readyz_url=url or DEFAULT_READYZ_URL,
         non_host_network=settings.non_host_network,
         read_deadline=read_deadline(args),
         dra_checkpoint=checkpoint_path(getattr(args, "plugins_dir", None)
                                        or settings.plugins_dir, driver),
+        device_plugin=settings.device_plugin_enabled,
+        probe_socket=probe,
     )
     try:
         report = diagnose(options)
@@ -110,9 +123,12 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
 
 def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The flag wins over ``RDMA_HCA_NON_HOST_NETWORK``, which wins over the file, as for
-    ``serve``: inside the plugin pod the doctor then judges with the plugin's own setting."""
+    ``serve``: inside the plugin pod the doctor then judges with the plugin's own setting
+    (and likewise for devicePlugin.enabled and the pod's UID)."""
     flag = True if args.non_host_network else None
-    return load_settings(config_file=args.config, env=env, flags={"nonHostNetwork": flag})
+    return load_settings(config_file=args.config, env=env, flags={
+        "nonHostNetwork": flag,
+        "devicePlugin.enabled": getattr(args, "device_plugin", None)})
 
 
 def _usage_error(out: TextIO, as_json: bool, message: str) -> int:
@@ -141,9 +157,17 @@ def diagnose(options: NodeOptions) -> NodeReport:
                             "for driver errors and reload the driver"))
     checks.append(_netns_check(inv, options.non_host_network))
     checks.append(_ipv6_check(inv.hcas, options.non_host_network))
-    checks.append(_kubelet_socket_check(options.kubelet_dir))
-    checks.append(_plugin_socket_check(options.kubelet_dir))
-    checks.append(_registered_check(options.readyz_url, options.readyz_timeout))
+    if options.device_plugin:
+        checks.append(_kubelet_socket_check(options.kubelet_dir))
+        checks.append(_plugin_socket_check(options.kubelet_dir))
+    else:
+        checks.append(Check(SUBJECT, "device plugin", True,
+                            "off (devicePlugin.enabled is false: the DRA driver alone), so "
+                            "the kubelet's device-plugin sockets are not checked"))
+    if options.probe_socket is not None:
+        checks.append(_probe_check(options.probe_socket, options.readyz_timeout))
+    else:
+        checks.append(_registered_check(options.readyz_url, options.readyz_timeout))
     shares = None
     if options.dra_checkpoint is not None:
         shares, problem = read_shares(options.dra_checkpoint, inv.hcas, options.read_deadline)
@@ -318,6 +342,24 @@ def _registered_check(url: str, timeout: float) -> Check:
                  "the kubelet socket above")
 
 
+def _probe_check(path: str, timeout: float) -> Check:
+    """``/readyz`` of this pod's own daemon, on its probe socket."""
+    title = "registered with the kubelet"
+    try:
+        status, body = ask(path, "/readyz", timeout)
+    except ProbeError as exc:
+        return Check(SUBJECT, title, False, f"cannot ask this pod's daemon: {exc}",
+                     f"is the plugin running in this pod with its HTTP endpoints on "
+                     f"(metrics.address not empty)? {PLUGIN_LOGS}; or pass --readyz-url")
+    text = body.strip().splitlines()
+    said = f": {text[0]}" if text else ""
+    where = f"this pod's daemon (probe socket {path})"
+    if status == 200:
+        return Check(SUBJECT, title, True, f"{where} answered 200{said}")
+    return Check(SUBJECT, title, False, f"{where} answered {status}{said}",
+                 f"the plugin has not registered with the kubelet: {PLUGIN_LOGS}")
+
+
 # ------------------------------------------------------------------------------ output
 
 
@@ -356,6 +398,8 @@ def report_json(report: NodeReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "nonHostNetwork": report.options.non_host_network,
+        "devicePlugin": report.options.device_plugin,
+        "probeSocket": report.options.probe_socket,  # None: readiness asked over TCP (--readyz-url)
         "netnsMode": inv.netns_mode,
         "rdmaCm": asdict(inv.rdma_cm) if inv.rdma_cm is not None else None,
         "hcas": [

@@ -14,6 +14,7 @@ from typing import Any
 from rdma_hca.kit.text import text_table
 from rdma_hca.tools.doctor.cluster import ClusterReport
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.slices import NodeSlices
 
 OK, FAIL = "✓", "✗"
 # Subjects that need no "node X:" prefix: the whole cluster, this node, this container.
@@ -65,18 +66,30 @@ def cluster_text(report: ClusterReport) -> str:
              for n in report.nodes],
         ))
     if report.dra is not None and report.dra.nodes:
+        # The node-wide column only where some node has that device (shared mode).
+        wide = any(n.node_device is not None for n in report.dra.nodes)
         parts.append(table(
             ["NODE", "RESOURCESLICES", "POOL", "GENERATION", "DEVICES", "TAINTED", "LINK DOWN",
-             "OK"],
+             *(["NODE-WIDE"] if wide else []), "OK"],
             [[n.node, str(len(n.slices)), ",".join(n.pools) or "<none>",
               "<none>" if n.generation is None else str(n.generation), str(n.devices),
-              str(n.tainted), str(n.link_down), mark(n.ok)] for n in report.dra.nodes],
+              str(n.tainted), str(n.link_down), *([_node_wide(n)] if wide else []),
+              mark(n.ok)] for n in report.dra.nodes],
         ))
     if report.dra is not None and report.dra.note:
         parts.append(f"{mark(None)} {report.dra.note}")
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
+
+
+def _node_wide(row: NodeSlices) -> str:
+    """The NODE-WIDE cell: how many HCAs the node-wide device gives, and its taint."""
+    d = row.node_device
+    if d is None:
+        return "<none>"
+    count = "?" if d.hca_count is None else str(d.hca_count)
+    return f"{count} HCAs" + (", tainted" if d.tainted else "")
 
 
 def camel(record: Any) -> dict[str, Any]:
@@ -116,6 +129,13 @@ def dra_json(report: ClusterReport) -> dict[str, Any] | None:
         "inUse": d.in_use,
         "inUseBecause": d.in_use_because,
         "note": d.note,
-        "nodes": [camel(n) for n in d.nodes],
+        "nodes": [_slices_json(n) for n in d.nodes],
         "staleSlices": [camel(s) for s in d.stale_slices],
     }
+
+
+def _slices_json(row: NodeSlices) -> dict[str, Any]:
+    doc = camel(row)
+    wide = row.node_device
+    doc["nodeDevice"] = None if wide is None else {**camel(wide), "tainted": wide.tainted}
+    return doc

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from rdma_hca.kit.exitcodes import EXIT_USAGE
 
+# Where doctor --node asks for readiness outside the plugin's pod (the chart's metrics port).
+DEFAULT_READYZ_URL = "http://127.0.0.1:9478/readyz"
+
 
 @dataclass(frozen=True, slots=True)
 class Check:

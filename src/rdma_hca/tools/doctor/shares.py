@@ -1,7 +1,9 @@
 """Who holds how much of each HCA, for ``doctor --node``: the DRA driver's checkpoint.
 
 The checkpoint lists the claims prepared on this node and, per device, the shares the
-scheduler allocated with the bandwidth each consumed (DRAConsumableCapacity). It is read
+scheduler allocated with the bandwidth each consumed (DRAConsumableCapacity). A claim of
+the node-wide device (``rdma/hca`` through DRA) holds no one HCA and no bandwidth: it is
+listed apart, with the HCAs it was given. It is read
 with the driver's own format reader (``kit/dra_checkpoint``), bounded by the read
 deadline like every read of the machine: a file on a hung disk is a failed check, not a
 doctor that never ends.
@@ -20,6 +22,7 @@ from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE, CheckpointError, Claims
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.node.model import Hca
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.slices import NODE_DEVICE, NODE_WIDE
 
 SUBJECT = "node"
 
@@ -50,10 +53,22 @@ class HcaShares:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeWideHolder:
+    """A claim of the node-wide device: the HCAs it was given at Prepare."""
+
+    namespace: str
+    name: str
+    uid: str
+    hcas: tuple[str, ...]
+    shares: tuple[str, ...]  # the shareIDs
+
+
+@dataclass(frozen=True, slots=True)
 class Shares:
     path: Path
     hcas: tuple[HcaShares, ...]  # every HCA of the node, and any a claim holds that is gone
     claims: int
+    node_wide: tuple[NodeWideHolder, ...] = ()
 
 
 def _load(path: Path) -> Claims | None:
@@ -88,19 +103,26 @@ def read_shares(path: Path, hcas: Sequence[Hca], deadline: float
         return None, None
     rates = {h.name: h.rate_bps for h in hcas}
     held: dict[str, list[Holder]] = {h.name: [] for h in hcas}
+    wide: list[NodeWideHolder] = []
     for uid, claim in sorted(claims.items(), key=lambda c: (c[1].namespace, c[1].name)):
         by_hca: dict[str, list[str]] = {}
         bits: dict[str, int] = {}
         for d in claim.devices:
+            if d.device == NODE_DEVICE:
+                # Its ``hca`` lists every HCA it gave, e.g. "mlx5_0,mlx5_1": none is held.
+                wide.append(NodeWideHolder(claim.namespace, claim.name, uid,
+                                           tuple(n for n in d.hca.split(",") if n),
+                                           tuple(s.share_id for s in d.shares)))
+                continue
             if not d.bandwidth and d.hca not in held:
-                continue  # the node-wide device: no bandwidth, no one HCA
+                continue  # an HCA gone from the node whose claim holds none of it
             by_hca.setdefault(d.hca, []).extend(s.share_id for s in d.shares)
             bits[d.hca] = bits.get(d.hca, 0) + d.bandwidth
         for hca, shares in by_hca.items():
             held.setdefault(hca, []).append(
                 Holder(claim.namespace, claim.name, uid, bits[hca], tuple(shares)))
     out = tuple(HcaShares(name, rates.get(name), tuple(hs)) for name, hs in held.items())
-    return Shares(path, out, len(claims)), None
+    return Shares(path, out, len(claims), tuple(wide)), None
 
 
 def gbps(bits: int | None) -> str:
@@ -126,6 +148,12 @@ def shares_json(shares: Shares) -> dict[str, Any]:
                         for c in h.holders]}
             for h in shares.hcas
         ],
+        "nodeDevice": None if not shares.node_wide else {
+            "name": NODE_DEVICE,
+            "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
+                        "hcaCount": len(c.hcas), "hcas": list(c.hcas),
+                        "shareIDs": list(c.shares)} for c in shares.node_wide],
+        },
     }
 
 
@@ -139,5 +167,11 @@ def shares_check(shares: Shares) -> Check:
                      "the port runs slower than when the claims were placed: check its "
                      "link (ibstat), or move a claim's pod to another node")
     holding = sum(1 for h in shares.hcas if h.held)
+    wide = ""
+    if shares.node_wide:
+        wide = (f"; {NODE_WIDE} held by {len(shares.node_wide)} claim(s): "
+                + ", ".join(f"{c.namespace}/{c.name} (hcaCount {len(c.hcas)})"
+                            for c in shares.node_wide))
     return Check(SUBJECT, "DRA bandwidth", True,
-                 f"{shares.claims} prepared claim(s); {holding} HCA(s) with bandwidth held")
+                 f"{shares.claims} prepared claim(s); {holding} HCA(s) with bandwidth held"
+                 + wide)

@@ -13,6 +13,10 @@ reads):
   its slices at one generation and as many as the pool says, no device twice; a slice
   naming a node that does not exist is stale; a tainted or ``linkState: down`` device is
   a port down on that node.
+- The node-wide device (attribute ``kind: node``, named ``all-hcas``: what ``rdma/hca``
+  through DRA's extended DeviceClass gets) is not an HCA: it is reported on its own, with
+  its ``hcaCount``, and fails only when it carries a taint, which the driver sets only
+  when no HCA of the node is up. A device without ``kind`` (an older driver) is an HCA.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ RBAC_FIX = (
     "clusterrolebinding rdma-hca-doctor-dra --clusterrole=rdma-hca-doctor-dra --user=<you>"
 )
 RESYNC_SECONDS = 60  # the driver's resync, which also deletes its node's extra slices
+# The driver's ``kind`` attribute of its node-wide device; per-HCA devices say ``hca``.
+KIND, KIND_NODE = "kind", "node"
+NODE_DEVICE = "all-hcas"  # its name, which the driver gives no HCA's device
+NODE_WIDE = "the node-wide device (rdma/hca through DRA)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,20 @@ class DraData:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeWide:
+    """The node-wide device of a node's current slices."""
+
+    name: str
+    hca_count: int | None  # its hcaCount attribute: the HCAs a claim of it gets
+    link_state: str | None
+    taints: tuple[str, ...]  # the taints' keys
+
+    @property
+    def tainted(self) -> bool:
+        return bool(self.taints)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSlices:
     """One node's slices of the driver, as the text table and the JSON show them."""
 
@@ -61,10 +83,11 @@ class NodeSlices:
     slices: tuple[str, ...]
     pools: tuple[str, ...]
     generation: int | None  # the highest pool generation among them
-    devices: int  # in the current slices (the highest generation of each pool)
+    devices: int  # HCA devices in the current slices (the highest generation of each pool)
     tainted: int
     link_down: int
     ok: bool | None  # None: nothing judged (DRA not in use and no slice)
+    node_device: NodeWide | None = None  # None: the slices have none (exclusive mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,17 +141,48 @@ def by_node(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
     return out
 
 
+def _attribute(device: Mapping[str, Any], driver: str, name: str, kind: str) -> Any:
+    """The driver's attribute ``name`` (qualified or not) of type ``kind``, else None."""
+    attrs = device.get("attributes") or {}
+    return (attrs.get(f"{driver}/{name}") or attrs.get(name) or {}).get(kind)
+
+
+def is_node_wide(device: Mapping[str, Any], driver: str) -> bool:
+    """Whether a device is the node-wide one; without ``kind`` (an older driver) it is an
+    HCA."""
+    return bool(_attribute(device, driver, KIND, "string") == KIND_NODE)
+
+
+def _devices(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [d for s in slices for d in (s.get("spec") or {}).get("devices") or []]
+
+
+def _hca_devices(slices: Sequence[Mapping[str, Any]], driver: str
+                 ) -> list[Mapping[str, Any]]:
+    return [d for d in _devices(slices) if not is_node_wide(d, driver)]
+
+
+def _node_wide(slices: Sequence[Mapping[str, Any]], driver: str) -> NodeWide | None:
+    for device in _devices(slices):
+        if is_node_wide(device, driver):
+            count = _attribute(device, driver, "hcaCount", "int")
+            return NodeWide(str(device.get("name", "?")),
+                            count if isinstance(count, int) else None,
+                            _attribute(device, driver, "linkState", "string"),
+                            tuple(str(t.get("key", "")) for t in device.get("taints") or []))
+    return None
+
+
 def _down_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> tuple[
         list[str], int, int]:
-    """``(descriptions, tainted, link down)`` of the devices of ``slices`` not fit for use."""
+    """``(descriptions, tainted, link down)`` of the HCA devices of ``slices`` not fit for
+    use."""
     described: list[str] = []
     tainted = link_down = 0
     for s in slices:
-        for device in (s.get("spec") or {}).get("devices") or []:
-            attrs = device.get("attributes") or {}
-            hca = (attrs.get(f"{driver}/hcaName") or attrs.get("hcaName") or {}).get("string")
-            state = (attrs.get(f"{driver}/linkState") or attrs.get("linkState") or {}).get(
-                "string")
+        for device in _hca_devices([s], driver):
+            hca = _attribute(device, driver, "hcaName", "string")
+            state = _attribute(device, driver, "linkState", "string")
             taints = [str(t.get("key", "")) for t in device.get("taints") or []]
             down = state == "down"
             tainted += bool(taints)
@@ -194,7 +248,8 @@ def judge_node(
     pools = tuple(sorted({str(_pool(s).get("name", "")) for s in slices}))
     current = _current(slices)
     described, tainted, link_down = _down_devices(current, driver)
-    devices = sum(len((s.get("spec") or {}).get("devices") or []) for s in current)
+    devices = len(_hca_devices(current, driver))
+    wide = _node_wide(current, driver)
     generation = max((_generation(s) for s in slices), default=None)
     checks: list[Check] = []
     if not slices:
@@ -240,22 +295,38 @@ def judge_node(
                 f"read {logs}; the driver rewrites its slices when it restarts",
             ))
         if described:
+            still = (f"; {NODE_WIDE} is not tainted: pods asking for rdma/hca are still "
+                     "placed here" if wide is not None and not wide.tainted else "")
             checks.append(Check(
                 node, "DRA devices", False,
                 f"{len(described)} of {devices} down: {'; '.join(described)} (no new claim "
-                "is placed on a tainted device)",
+                f"is placed on a tainted device){still}",
                 f"check the HCA ports on the node: {node_doctor}",
+            ))
+        if wide is not None and wide.tainted:
+            checks.append(Check(
+                node, "DRA node-wide device", False,
+                f"{NODE_WIDE} {wide.name}{_hca_count(wide)} is tainted "
+                f"{', '.join(wide.taints)}: no HCA of the node is up, so no pod asking for "
+                "rdma/hca through DRA is placed here",
+                f"bring an HCA port up on the node: {node_doctor}",
             ))
         if not checks:
             what = names[0] if len(names) == 1 else f"{len(names)} slices"
+            also = (f", and {NODE_WIDE} {wide.name}{_hca_count(wide)}"
+                    if wide is not None else "")
             checks.append(Check(
                 node, title, True,
                 f"{what}: pool {pools[0]} generation {generation}, {devices} device(s), "
-                "none tainted or down",
+                f"none tainted or down{also}",
             ))
     row = NodeSlices(node, names, pools, generation, devices, tainted, link_down,
-                     all(c.ok for c in checks) if checks else None)
+                     all(c.ok for c in checks) if checks else None, wide)
     return row, checks
+
+
+def _hca_count(wide: NodeWide) -> str:
+    return "" if wide.hca_count is None else f" (hcaCount {wide.hca_count})"
 
 
 def in_use(data: DraData) -> tuple[bool, str | None]:
