@@ -345,8 +345,8 @@ def test_the_dashboard_follows_the_conventions() -> None:
                    "rdma_hca_dra_registered", "rdma_hca_dra_slice_published", "np_cnp_sent",
                    "rdma_hca_dra_prepare_total", "rdma_hca_dra_prepare_seconds_bucket",
                    "out_of_sequence", "rdma_hca_hca_info",
-                   "rdma_hca_dra_bandwidth_held_bits_per_second",
-                   "rdma_hca_dra_bandwidth_capacity_bits_per_second",
+                   "rdma_hca_dra_bandwidth_held",
+                   "rdma_hca_dra_bandwidth_capacity",
                    "rdma_hca_api_requests_total",
                    "rdma_hca_api_rate_limit_wait_seconds_total"):
         assert wanted in queries, f"no panel shows {wanted}"

@@ -26,7 +26,7 @@ def test_the_demo_shows_both_paths(capsys: pytest.CaptureFixture[str]) -> None:
     assert "linkState down" in out and "NoSchedule" in out
     # Two claims sharing one HCA by bandwidth, then released.
     assert "RDMA_HCA_BANDWIDTH=mlx5_0=150000000000" in out
-    assert 'rdma_hca_dra_bandwidth_held_bits_per_second{hca="mlx5_0"} 4e+11 of 4e+11' in out
+    assert 'rdma_hca_dra_bandwidth_held{hca="mlx5_0"} 4e+11 of 4e+11' in out
     assert "held on mlx5_0: 0G" in out
     assert "NodeUnprepareResources" in out
 

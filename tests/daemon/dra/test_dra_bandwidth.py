@@ -282,8 +282,8 @@ async def test_metrics_show_1e11_held_while_a_claim_holds_100g(
                 for f in text_string_to_metric_families(text) for s in f.samples
                 if s.name.startswith("rdma_hca_dra_bandwidth_")}
 
-    held = "rdma_hca_dra_bandwidth_held_bits_per_second"
-    total = "rdma_hca_dra_bandwidth_capacity_bits_per_second"
+    held = "rdma_hca_dra_bandwidth_held"
+    total = "rdma_hca_dra_bandwidth_capacity"
     try:
         await daemon.start()
         assert await kubelet.wait_registered(DRIVER)

@@ -104,17 +104,21 @@ class StatusFamilies:
                 family.add_metric([result], results.get(result, 0))
             yield family
         # Every HCA at 0 from the start, so a held share appears as a change, not a new
-        # series; an HCA gone while claims hold it keeps its held series.
+        # series; an HCA gone while claims hold it keeps its held series. Bits per second,
+        # as the capacity and the claims count them (100G is 1e11); Prometheus' naming
+        # rules want bytes for a "_bits" name, so the names carry no unit.
         capacity = GaugeMetricFamily(
-            "rdma_hca_dra_bandwidth_capacity_bits_per_second",
-            "Bandwidth the HCA's DRA device publishes as a consumable capacity (0: none)",
+            "rdma_hca_dra_bandwidth_capacity",
+            "Bandwidth the HCA's DRA device publishes as a consumable capacity, bits per "
+            "second (0: none)",
             labels=["hca"])
         for hca, bits in sorted(s.dra.bandwidth_capacity.items()):
             capacity.add_metric([hca], float(bits))
         yield capacity
         held = GaugeMetricFamily(
-            "rdma_hca_dra_bandwidth_held_bits_per_second",
-            "Bandwidth of the HCA held by the claims prepared on this node", labels=["hca"])
+            "rdma_hca_dra_bandwidth_held",
+            "Bandwidth of the HCA held by the claims prepared on this node, bits per second",
+            labels=["hca"])
         for hca, bits in sorted(s.dra.bandwidth_held.items()):
             held.add_metric([hca], float(bits))
         yield held

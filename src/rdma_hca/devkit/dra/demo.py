@@ -172,7 +172,7 @@ async def _shares(stage: DraStage, say: Any) -> None:
             f"{env[0] if env else 'no RDMA_HCA_BANDWIDTH'}")
     held = stage.driver.bandwidth_held["mlx5_0"]
     total = stage.driver.bandwidth_capacity["mlx5_0"]
-    say(f"rdma_hca_dra_bandwidth_held_bits_per_second{{hca=\"mlx5_0\"}} {held:g} of "
+    say(f"rdma_hca_dra_bandwidth_held{{hca=\"mlx5_0\"}} {held:g} of "
         f"{total:g} ({_gbps(held)} of {_gbps(total)}): a third claim asking for bandwidth "
         "of mlx5-0 stays Pending (\"cannot allocate all claims\"); one asking none still fits")
     resp = await stage.kubelet.unprepare(DRIVER, refs)
