@@ -28,14 +28,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rdma_hca.kit.offloop import OffLoop, Stalled
-from rdma_hca.kube.credentials import Credentials
+from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
 from rdma_hca.kube.errors import (
     ApiError,
     ConfigError,
@@ -95,6 +97,15 @@ async def off_loop(off: OffLoop | None, what: str, fn: Callable[[], T]) -> T:
         return await off.run(what, fn)
     except Stalled as exc:
         raise KubeError(str(exc)) from exc
+
+
+async def read_credentials(kubeconfig: str | None, accepts: CredentialSearch, *,
+                           off: OffLoop | None = None) -> Credentials:
+    """A daemon's credentials, searched as ``accepts`` says in the process environment and
+    home; the files are read off the loop (within ``off``'s deadline when given)."""
+    env, home = dict(os.environ), Path.home()
+    return await off_loop(off, "reading the API server credentials", lambda: load_credentials(
+        kubeconfig=kubeconfig, context=None, env=env, home=home, accepts=accepts))
 
 
 class ApiClient:

@@ -29,7 +29,7 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import NODE_DEVICE, Offer
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
@@ -125,8 +125,7 @@ class DraDriver:
         held = dict.fromkeys(self.offer.bandwidth(), 0)
         for claim in self.claims.prepared.values():
             for d in claim.devices:
-                # The node-wide device holds no bandwidth and names no one HCA.
-                if d.bandwidth or d.hca in held:
+                if d.device != NODE_DEVICE:  # it gives every HCA and holds none of them
                     held[d.hca] = held.get(d.hca, 0) + d.bandwidth
         return held
 

@@ -17,14 +17,12 @@ driver sends on its own:
 
 from __future__ import annotations
 
-import os
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.kube.client import ApiClient, off_loop
-from rdma_hca.kube.credentials import CredentialSearch, load_credentials
+from rdma_hca.kube.client import ApiClient, read_credentials
+from rdma_hca.kube.credentials import CredentialSearch
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import ClientPolicy, Priority, Rate
 from rdma_hca.kube.tally import ApiTally
@@ -85,10 +83,7 @@ class SliceApi:
         """Read credentials (files: off the event loop, within ``off``'s deadline when
         given) and make the client: ``qps``/``burst`` the driver's own budget,
         ``claim_qps``/``claim_burst`` the claim reads'."""
-        env, home = dict(os.environ), Path.home()
-        creds = await off_loop(off, "reading the API server credentials", lambda: (
-            load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
-                             accepts=SERVE_CREDENTIALS)))
+        creds = await read_credentials(kubeconfig, SERVE_CREDENTIALS, off=off)
         client = await ApiClient.connect(
             creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
                                 rate_name=DRIVER_BUDGET,

@@ -14,13 +14,11 @@ Node object (the device plugin's opt-in account may only write Events).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.kube.client import off_loop
-from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
+from rdma_hca.kube.client import read_credentials
+from rdma_hca.kube.credentials import CredentialSearch
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.eventbody import NORMAL, WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder, connect_events_client
@@ -52,13 +50,7 @@ async def connect_recorder(kubeconfig: str | None, node: str, *,
                            off: OffLoop | None = None) -> EventRecorder:
     """A recorder on a client of its own, with the credentials the DRA driver uses (the
     in-cluster service account first); raises KubeError when there are none."""
-    env, home = dict(os.environ), Path.home()
-
-    def load() -> Credentials:
-        return load_credentials(kubeconfig=kubeconfig, context=None, env=env, home=home,
-                                accepts=EVENTS_CREDENTIALS)
-
-    creds = await off_loop(off, "reading the API server credentials", load)
+    creds = await read_credentials(kubeconfig, EVENTS_CREDENTIALS, off=off)
     client = await connect_events_client(creds, off=off)
     return EventRecorder(client, controller=CONTROLLER, instance=node,
                          close_client=client.close)
