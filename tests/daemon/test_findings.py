@@ -23,7 +23,7 @@ from rdma_hca.devkit.sim.nodes import (
 )
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 
 def settings_for(node: SimNode, non_host_network: bool) -> Settings:

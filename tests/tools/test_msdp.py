@@ -11,7 +11,9 @@ import yaml
 
 from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import ConfigError, Mode, load_settings, selected_hcas
+from rdma_hca.settings.checks import selected_hcas
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError, Mode
 from rdma_hca.tools import msdp
 
 # The example of the plugin's README (its prefix example_prefix is no DNS name, which the

@@ -37,14 +37,8 @@ from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import (
-    ConfigError,
-    Settings,
-    exclusive_first,
-    held_text,
-    overlapping_hcas,
-    pools_sharing,
-)
+from rdma_hca.settings.checks import exclusive_first, held_text, overlapping_hcas, pools_sharing
+from rdma_hca.settings.model import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 

@@ -258,7 +258,7 @@ class Scraper:
 async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> None:
     from rdma_hca.daemon.main import prefer_the_loop, settle_heap
     from rdma_hca.daemon.wiring import Daemon
-    from rdma_hca.settings.config import Settings
+    from rdma_hca.settings.model import Settings
 
     scrape_spec, rediscovery_spec = lag_specs(hcas)
     settings = replace(Settings(), sysfs_root=str(node.sysfs_root),

@@ -30,7 +30,8 @@ from typing import TextIO
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
-from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
+from rdma_hca.settings.decl import BY_KEY, add_flags
+from rdma_hca.settings.model import ConfigError
 from rdma_hca.tools.arguments import mounted_dir
 from rdma_hca.tools.check_nccl import Finding, nccl_findings
 from rdma_hca.tools.deadline import read_deadline

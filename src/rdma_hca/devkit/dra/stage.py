@@ -26,7 +26,7 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.reader import NodeReader
-from rdma_hca.settings.config import CdiConfig, DraConfig, Mode, Settings
+from rdma_hca.settings.model import CdiConfig, DraConfig, Mode, Settings
 
 
 class DraStage:

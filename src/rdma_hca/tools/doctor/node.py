@@ -28,8 +28,8 @@ from rdma_hca.kit.probe import ProbeError, ask, default_dir, probe_socket_path
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
 from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import ConfigError, load_settings
-from rdma_hca.settings.model import Settings
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check
