@@ -149,7 +149,7 @@ def run_cluster(
             data = cluster.fetch(client, args.namespace, args.name, args.dra_driver)
         finally:
             client.close()
-    except (kubeapi.ConfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
+    except (kubeapi.KubeconfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
         return _fail(out, args.json, EXIT_USAGE, str(exc))
     except kubeapi.KubeError as exc:
         return _fail(out, args.json, EXIT_FAIL, str(exc))
