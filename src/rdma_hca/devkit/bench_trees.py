@@ -144,7 +144,7 @@ async def step_tree(rec: Recorder, hcas: int, runs: int, kubelet_dir: Path) -> N
 async def _discovery(rec: Recorder, node: Any, hcas: int, runs: int,
                      build_seconds: float) -> None:
     from rdma_hca.devkit.bench_procs import BenchError
-    from rdma_hca.node.discovery import discover_node
+    from rdma_hca.node.inventory import discover_node
 
     spec = discovery_spec(hcas)
     gid_files = _gid_files(str(node.sysfs_root))

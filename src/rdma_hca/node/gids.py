@@ -10,8 +10,9 @@ from __future__ import annotations
 import ipaddress
 import os
 
+from rdma_hca.node.file_reads import Watch, check_exhausted
 from rdma_hca.node.model import Gid, LinkLayer
-from rdma_hca.node.parse import (
+from rdma_hca.node.sysfs_values import (
     GID_TEXT,
     GID_TYPES,
     MAX_GID_INDEX,
@@ -22,8 +23,7 @@ from rdma_hca.node.parse import (
     shown,
     unused_gid,
 )
-from rdma_hca.node.reads import Watch, check_exhausted
-from rdma_hca.node.walk import Walk
+from rdma_hca.node.sysfs_walk import Walk
 
 UsedEntry = tuple[int, str, bytes]
 

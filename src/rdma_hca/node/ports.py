@@ -6,7 +6,8 @@ import os
 
 from rdma_hca.node.gids import GidWalk
 from rdma_hca.node.model import CharDevice, LinkLayer, Port
-from rdma_hca.node.parse import (
+from rdma_hca.node.pci import Parent
+from rdma_hca.node.sysfs_values import (
     MAX_LID,
     MAX_PORT,
     PHYS_STATES,
@@ -17,7 +18,6 @@ from rdma_hca.node.parse import (
     rate_gbps,
     shown,
 )
-from rdma_hca.node.pci import Parent
 
 
 class PortWalk(GidWalk):

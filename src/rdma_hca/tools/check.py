@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from rdma_hca.node.deadline_reader import DEFAULT_DEADLINE, discover_bounded
+from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.settings.decl import BY_KEY, add_flags
 from rdma_hca.settings.model import ConfigError
 from rdma_hca.tools.arguments import mounted_dir

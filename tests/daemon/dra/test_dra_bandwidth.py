@@ -28,8 +28,8 @@ from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
-from rdma_hca.node.sysfs import discover_node
 from rdma_hca.settings.model import Mode
 
 BANDWIDTH = f"{DRIVER}/bandwidth"

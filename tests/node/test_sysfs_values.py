@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.node.parse import (
+from rdma_hca.node.port_polls import listed_hcas, read_port_counters, read_port_states
+from rdma_hca.node.sysfs_values import (
     PHYS_STATES,
     PORT_STATES,
     UNKNOWN,
@@ -19,7 +20,6 @@ from rdma_hca.node.parse import (
     rate_gbps,
     unused_gid,
 )
-from rdma_hca.node.sysfs import listed_hcas, read_port_counters, read_port_states
 
 
 def _inventory(node: sim.SimNode) -> NodeInventory:

@@ -10,18 +10,10 @@ from __future__ import annotations
 import os
 import re
 
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.file_reads import Reads, check_exhausted
 from rdma_hca.node.model import CharDevice
-from rdma_hca.node.parse import (
-    DEV_DIR,
-    NETDEV,
-    decode,
-    is_number,
-    natural_key,
-    printable,
-    shown,
-    why,
-)
-from rdma_hca.node.reads import Reads, check_exhausted
+from rdma_hca.node.sysfs_values import DEV_DIR, NETDEV, decode, is_number, printable, shown, why
 
 StrPath = str | os.PathLike[str]
 

@@ -11,8 +11,6 @@ import math
 import os
 import re
 
-# Re-exported: the node modules sort names with it.
-from rdma_hca.kit.text import natural_key as natural_key
 from rdma_hca.node.model import GidKind, LinkLayer
 
 DEV_DIR = "/dev/infiniband"
