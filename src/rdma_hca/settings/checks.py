@@ -190,7 +190,7 @@ def setting_source(settings: Settings, key: str) -> str:
 def check_static_overlap(settings: Settings, merged: Mapping[str, RawValue]) -> None:
     """Refuse settings that surely offer one HCA twice: by two pools, one exclusive, or by a
     pool and the DRA driver; ``merged`` names the layer that gave the value to change."""
-    check_exclusive_pools(settings, merged)
+    _check_exclusive_pools(settings, merged)
     if not settings.dra.enabled:
         return
     dra = settings.dra.selectors
@@ -212,7 +212,7 @@ def check_static_overlap(settings: Settings, merged: Mapping[str, RawValue]) -> 
                           f"{why}, so it would be offered twice: {fix}", v.source)
 
 
-def check_exclusive_pools(settings: Settings, merged: Mapping[str, RawValue]) -> None:
+def _check_exclusive_pools(settings: Settings, merged: Mapping[str, RawValue]) -> None:
     """Two pools known from the config alone to hold a same HCA, one of them exclusive.
 
     An exclusive pool hands each HCA to one pod; another pool would hand it out again.
