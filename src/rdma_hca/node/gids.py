@@ -18,8 +18,8 @@ from rdma_hca.node.sysfs_values import (
     MAX_GID_INDEX,
     ZERO_GID,
     ZERO_GID_LINE,
+    attribute_text,
     classify,
-    decode,
     shown,
     unused_gid,
 )
@@ -144,7 +144,7 @@ class GidWalk(Walk):
         link_layer: LinkLayer,
         have_types: bool,
     ) -> Gid | None:
-        text = decode(raw)
+        text = attribute_text(raw)
         if text is None or GID_TEXT.fullmatch(text) is None:
             self.warn(f"{path} holds {shown(raw)}, not a GID; skipping it")
             return None
@@ -161,7 +161,7 @@ class GidWalk(Walk):
                 # The kernel answers EINVAL for an entry that is not in use; a stale
                 # address left in gids/N is then not a GID anyone can use.
                 return None
-            type_text = decode(type_raw)
+            type_text = attribute_text(type_raw)
             if type_text in GID_TYPES:
                 gid_type = type_text
             else:

@@ -14,7 +14,7 @@ import os
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.file_reads import ReadStalled, check_exhausted
 from rdma_hca.node.model import Gpu
-from rdma_hca.node.sysfs_values import HEX_ID, MAX_NUMA_NODE, PCI_BUS_ID, decode, pcie_root
+from rdma_hca.node.sysfs_values import HEX_ID, MAX_NUMA_NODE, PCI_BUS_ID, attribute_text, pcie_root
 from rdma_hca.node.sysfs_walk import Walk
 
 NVIDIA = "0x10de"
@@ -23,7 +23,7 @@ DISPLAY_CLASS = "0x03"  # PCI base class 03: display controllers (3D controller:
 
 def _attr(walk: Walk, path: str) -> str | None:
     try:
-        text = decode(walk.io.read(path))
+        text = attribute_text(walk.io.read(path))
     except ReadStalled:
         return None
     except OSError as err:

@@ -17,7 +17,7 @@ from rdma_hca.node.inventory import is_port_entry
 from rdma_hca.node.sysfs_values import (
     MAX_COUNTER,
     UNKNOWN,
-    decode,
+    attribute_text,
     display_name,
     is_number,
     phys_state,
@@ -140,7 +140,7 @@ def _read_counters(io: Reads, directory: str, prefix: str, into: dict[str, int])
             except OSError as err:
                 check_exhausted(err)
                 continue  # some counters answer EOPNOTSUPP on some devices; stuck ones too
-            text = decode(raw)
+            text = attribute_text(raw)
             if text is not None and len(text) <= 20 and is_number(text):
                 value = int(text)
                 if value <= MAX_COUNTER:

@@ -13,7 +13,15 @@ import re
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.file_reads import Reads, check_exhausted
 from rdma_hca.node.model import CharDevice
-from rdma_hca.node.sysfs_values import DEV_DIR, NETDEV, decode, is_number, printable, shown, why
+from rdma_hca.node.sysfs_values import (
+    DEV_DIR,
+    NETDEV,
+    attribute_text,
+    is_number,
+    printable,
+    shown,
+    why,
+)
 
 StrPath = str | os.PathLike[str]
 
@@ -60,7 +68,7 @@ class Walk:
         raw = self.raw(path)
         if raw is None:
             return None
-        text = decode(raw)
+        text = attribute_text(raw)
         if text is None:
             self.warn(f"{path} holds unreadable content {shown(raw)}; ignoring it")
         return text

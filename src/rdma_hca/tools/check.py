@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     environ = os.environ if env is None else env
     # One discovery for the HCA checks and the NCCL ones: a file that hangs costs the
     # check one read deadline, not two.
-    discovery = Discovery(Path(args.sysfs_root), Path(args.dev_root), read_deadline(args))
+    discovery = CachedInventory(Path(args.sysfs_root), Path(args.dev_root), read_deadline(args))
     checks = run_checks(
         proc_root=Path(args.proc_root),
         sysfs_root=Path(args.sysfs_root),
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     return EXIT_OK if ok else EXIT_FAIL
 
 
-class Discovery:
+class CachedInventory:
     """The container's view of the node, discovered once (with its deadline) for every
     check that asks; a failure is kept and raised again, as the first call saw it."""
 
@@ -127,7 +127,7 @@ class Discovery:
 
 
 def nccl_checks(sysfs_root: Path, env: Mapping[str, str],
-                discovery: Discovery) -> list[Finding]:
+                discovery: CachedInventory) -> list[Finding]:
     """The NCCL/UCX findings, from the same bounded discovery as the HCA checks."""
     try:
         inv = discovery()
@@ -139,11 +139,11 @@ def nccl_checks(sysfs_root: Path, env: Mapping[str, str],
 
 def run_checks(
     *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str],
-    deadline: float = DEFAULT_DEADLINE, discovery: Discovery | None = None,
+    deadline: float = DEFAULT_DEADLINE, discovery: CachedInventory | None = None,
 ) -> list[Check]:
     """Every check, in the order a user should fix them."""
     checks = device_node_checks(dev_root)
-    checks.extend(hca_checks(env, discovery or Discovery(sysfs_root, dev_root, deadline)))
+    checks.extend(hca_checks(env, discovery or CachedInventory(sysfs_root, dev_root, deadline)))
     ipc_lock = ipc_lock_check(proc_root)
     checks.append(memlock_check(proc_root, ipc_lock=ipc_lock.ok))
     checks.append(ipc_lock)
@@ -203,7 +203,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def hca_checks(env: Mapping[str, str], discovery: Discovery) -> list[Check]:
+def hca_checks(env: Mapping[str, str], discovery: CachedInventory) -> list[Check]:
     """Every HCA the plugin named must be visible here, have a port up and its device node."""
     raw = env.get(ENV_DEVICES)
     if raw is None:
