@@ -184,6 +184,7 @@ def setting_source(settings: Settings, key: str) -> str:
             settings, "kubeletRoot")
     return "the default"
 
+
 # --- the same HCA offered twice, known from the config alone ------------------------------
 
 
