@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rdma_hca.settings.config import with_docs_table
+from rdma_hca.settings.decl import with_docs_table
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

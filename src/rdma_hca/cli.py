@@ -42,17 +42,10 @@ from rdma_hca.kit.exitcodes import (  # noqa: E402
 )
 from rdma_hca.kit.logs import setup_logging  # noqa: E402
 from rdma_hca.kit.text import closest  # noqa: E402
-from rdma_hca.settings.config import (  # noqa: E402
-    BY_KEY,
-    ROOT_KEYS,
-    ConfigError,
-    Settings,
-    add_flags,
-    check_roots,
-    env_warnings,
-    flag_values,
-    load_settings,
-)
+from rdma_hca.settings.checks import ROOT_KEYS, check_roots  # noqa: E402
+from rdma_hca.settings.config import env_warnings, load_settings  # noqa: E402
+from rdma_hca.settings.decl import BY_KEY, add_flags, flag_values  # noqa: E402
+from rdma_hca.settings.model import ConfigError, Settings  # noqa: E402
 
 log = logging.getLogger("rdma_hca.settings.config")
 COMMANDS = ("serve", "discover", "simulate", "demo", "bench", "doctor", "check", "config",

@@ -26,7 +26,7 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import AdmissionError, KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import Mode, PoolConfig, Settings, UnhealthyWhen
+from rdma_hca.settings.model import Mode, PoolConfig, Settings, UnhealthyWhen
 
 R = "rdma/hca"
 
@@ -251,7 +251,7 @@ async def test_exclusive_mode_on_gpu_node(node: SimNode, plugin_dir: Path,
 
 async def test_several_pools_register_and_restart_independently(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
-    from rdma_hca.settings.config import Selectors
+    from rdma_hca.settings.model import Selectors
 
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-7]",))),
@@ -434,7 +434,7 @@ async def test_inventory_follows_rapid_port_flaps(daemon: Daemon, kubelet: Kubel
 
 async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
-    from rdma_hca.settings.config import ConfigError, Selectors
+    from rdma_hca.settings.model import ConfigError, Selectors
 
     # Globs the config alone cannot tell apart: only discovery shows mlx5_0..3 in both.
     pools = (
@@ -456,7 +456,7 @@ async def test_an_hca_in_an_exclusive_pool_and_another_is_refused_by_name(
 
 async def test_every_hca_both_pools_hold_is_named_in_the_refusal(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
-    from rdma_hca.settings.config import ConfigError, Selectors
+    from rdma_hca.settings.model import ConfigError, Selectors
 
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-1]",))),
@@ -477,7 +477,7 @@ async def test_every_hca_both_pools_hold_is_named_in_the_refusal(
 async def test_shared_pools_may_hold_the_same_hca_said_once(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
         caplog: pytest.LogCaptureFixture) -> None:
-    from rdma_hca.settings.config import Selectors
+    from rdma_hca.settings.model import Selectors
 
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-1]",))),
@@ -499,7 +499,7 @@ async def test_shared_pools_may_hold_the_same_hca_said_once(
 async def test_an_hca_that_comes_later_into_an_exclusive_pool_and_another_is_said_once(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
         caplog: pytest.LogCaptureFixture) -> None:
-    from rdma_hca.settings.config import Selectors
+    from rdma_hca.settings.model import Selectors
 
     pools = (
         PoolConfig(selectors=Selectors(names=("mlx5_[0-3]",))),

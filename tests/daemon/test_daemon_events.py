@@ -14,7 +14,7 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import ConfigError, Mode, PoolConfig, Selectors, Settings
+from rdma_hca.settings.model import ConfigError, Mode, PoolConfig, Selectors, Settings
 
 NODE = "gpu-node-1"
 

@@ -21,9 +21,9 @@ from rdma_hca.devkit.sim.nodes import (
     gpu_node,
     infiniband_node,
 )
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 
 def settings_for(node: SimNode, non_host_network: bool) -> Settings:

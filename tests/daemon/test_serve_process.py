@@ -31,7 +31,7 @@ from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 R = "rdma/hca"
 SOCKET = socket_name(R)

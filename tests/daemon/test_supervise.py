@@ -22,7 +22,7 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.node.reader import NodeReader
+from rdma_hca.node.deadline_reader import NodeReader
 
 
 class HeldReader(NodeReader):

@@ -331,7 +331,8 @@ def test_schema_rejects_bad_values_naming_the_key(
 
 
 def test_pools_reach_the_daemon_as_its_pools(render: RenderFn, tmp_path: Path) -> None:
-    from rdma_hca.settings.config import Mode, load_settings
+    from rdma_hca.settings.config import load_settings
+    from rdma_hca.settings.model import Mode
 
     values = {"pools[0].resourceName": "rdma/hca", "pools[0].selectors.names": "{mlx5_0}",
               "pools[1].resourceName": "rdma/storage", "pools[1].mode": "exclusive",

@@ -10,7 +10,7 @@ import pytest
 from deploy_support import RenderFn
 
 from rdma_hca.cli import build_parser, settings_from_args
-from rdma_hca.settings.config import NcclEnv, Settings
+from rdma_hca.settings.model import NcclEnv, Settings
 
 CONFIG_PATH = "/etc/rdma-hca/config.yaml"
 
@@ -157,7 +157,7 @@ def test_dra_beside_the_device_plugin_loads_into_the_daemon(
 
 def test_overlapping_names_are_left_to_the_daemon_which_refuses_them(
         render: RenderFn, tmp_path: Path) -> None:
-    from rdma_hca.settings.config import ConfigError
+    from rdma_hca.settings.model import ConfigError
 
     values = {"dra.enabled": "true", "selectors.names[0]": "mlx5_*",
               "dra.selectors.names[0]": "mlx5_1"}

@@ -18,8 +18,8 @@ from vap_emulator import admit, device_selected
 
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.devkit.sim.nodes import gpu_node
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 
 # DRA alone, with a kubelet root that is not the default (and a trailing slash).
 ALONE = {"dra.enabled": "true", "devicePlugin.enabled": "false",

@@ -37,7 +37,7 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 ALL_ON = {"metrics.podMonitor.enabled": "true", "metrics.prometheusRule.enabled": "true",
           "metrics.grafanaDashboard.enabled": "true"}
@@ -475,7 +475,7 @@ async def dra_metrics_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     from rdma_hca.devkit.dra.kubelet import DraKubelet
     from rdma_hca.devkit.kube.apiserver import FakeApiServer
     from rdma_hca.devkit.sim import nodes as sim
-    from rdma_hca.settings.config import DraConfig
+    from rdma_hca.settings.model import DraConfig
 
     node = sim.gpu_node(tmp_path / "dra-node", hcas=2, gid_table_size=8)
     root = tempfile.mkdtemp(prefix="dra-m-", dir="/tmp")  # socket paths are short

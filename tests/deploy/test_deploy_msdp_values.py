@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 from deploy_support import CHART, run_helm
 
-from rdma_hca.settings.config import Mode, load_settings
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import Mode
 from rdma_hca.tools import msdp
 
 

@@ -11,7 +11,7 @@ import yaml
 from rdma_hca.daemon.dra.kubeapi import SERVE_CREDENTIALS
 from rdma_hca.devkit.kube.apiserver import write_kubeconfig
 from rdma_hca.kube.credentials import NO_FLAGS, CredentialSearch, load_credentials
-from rdma_hca.kube.errors import ConfigError
+from rdma_hca.kube.errors import KubeconfigError
 from rdma_hca.tools.doctor.kubeapi import CREDENTIALS as DOCTOR_CREDENTIALS
 
 FLAGS = ("--kubeconfig", "--context")
@@ -25,7 +25,7 @@ def service_account(root: Path) -> None:
 
 def refusal(tmp_path: Path, accepts: CredentialSearch, kubeconfig: str | None = None,
             env: dict[str, str] | None = None) -> str:
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(KubeconfigError) as err:
         load_credentials(kubeconfig=kubeconfig, context=None, env=env or {},
                          home=tmp_path / "home", in_cluster_root=tmp_path, accepts=accepts)
     text = str(err.value)

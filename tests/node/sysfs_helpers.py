@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from rdma_hca.node.discovery import Discovery, discover_node
+from rdma_hca.node.inventory import Discovery, discover_node
 from rdma_hca.node.model import Hca
-from rdma_hca.node.walk import StrPath
+from rdma_hca.node.sysfs_walk import StrPath
 
 
 def discover(sysfs_root: StrPath, dev_root: StrPath) -> list[Hca]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
 
 

@@ -9,19 +9,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rdma_hca.kit.names import resource_name_problem
 from rdma_hca.node.model import Hca
-from rdma_hca.settings.config import (
-    ConfigError,
-    Mode,
-    Selectors,
-    Settings,
-    UnhealthyWhen,
-    env_warnings,
-    load_settings,
-    overlapping_hcas,
-    selected_hcas,
-    validate_resource_name,
-)
+from rdma_hca.settings.checks import overlapping_hcas, selected_hcas
+from rdma_hca.settings.config import env_warnings, load_settings
+from rdma_hca.settings.model import ConfigError, Mode, Selectors, Settings, UnhealthyWhen
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -156,7 +148,7 @@ def test_file_must_be_a_mapping(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["rdma/hca", "example.com/rdma", "a.b-c.io/x_y.z"])
 def test_valid_resource_names(name: str) -> None:
-    assert validate_resource_name(name) is None
+    assert resource_name_problem(name) is None
 
 
 @settings(max_examples=200, deadline=None)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.cli import build_parser, settings_from_args
-from rdma_hca.settings.config import ConfigError, NcclEnv, load_settings
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError, NcclEnv
 
 
 def test_the_default_is_auto() -> None:

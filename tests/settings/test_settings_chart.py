@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rdma_hca.settings.config import BY_KEY, Kind, Setting
-from rdma_hca.settings.decl import LINK_LAYERS, SELECTOR_KEYS
+from rdma_hca.settings.decl import BY_KEY, LINK_LAYERS, SELECTOR_KEYS, Kind, Setting
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "ack-rdma-device-plugin"
 # A template action that only copies one value: {{ .Values.a.b }} or {{ .Values.a.b | quote }}.

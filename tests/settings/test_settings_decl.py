@@ -12,17 +12,9 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.settings import decl as settings_decl
-from rdma_hca.settings.config import (
-    SETTINGS,
-    ConfigError,
-    Kind,
-    Scope,
-    Settings,
-    add_flags,
-    flag_values,
-    load_settings,
-    with_docs_table,
-)
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.decl import SETTINGS, Kind, Scope, add_flags, flag_values, with_docs_table
+from rdma_hca.settings.model import ConfigError, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "configuration.md"

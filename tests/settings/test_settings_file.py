@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rdma_hca.settings.config import ConfigError, load_settings
+from rdma_hca.settings.config import load_settings
 from rdma_hca.settings.file import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES
+from rdma_hca.settings.model import ConfigError
 
 
 def alias_bomb(path: Path) -> None:
@@ -133,7 +134,8 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("mode: shared\n")
     path.chmod(0)
-    code = ("import sys\nfrom rdma_hca.settings.config import ConfigError, load_settings\n"
+    code = ("import sys\nfrom rdma_hca.settings.config import load_settings\n"
+            "from rdma_hca.settings.model import ConfigError\n"
             "try:\n    load_settings(sys.argv[1], {}, {})\n"
             "except ConfigError as exc:\n    print(exc)\n")
 

@@ -6,12 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.settings.config import (
-    ConfigError,
-    check_roots,
-    load_settings,
-    setting_source,
-)
+from rdma_hca.settings.checks import check_roots, setting_source
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError
 
 
 def test_each_value_knows_its_layer(tmp_path: Path) -> None:

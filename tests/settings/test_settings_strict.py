@@ -8,16 +8,10 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.settings.config import (
-    SETTINGS,
-    ConfigError,
-    Kind,
-    Scope,
-    Setting,
-    Settings,
-    kubelet_root_problem,
-    load_settings,
-)
+from rdma_hca.settings.checks import kubelet_root_problem
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.decl import SETTINGS, Kind, Scope, Setting
+from rdma_hca.settings.model import ConfigError, Settings
 
 ENUMS = [s for s in SETTINGS if s.kind is Kind.ENUM]
 

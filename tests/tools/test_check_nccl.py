@@ -10,8 +10,8 @@ import pytest
 
 from rdma_hca.daemon.offer.env import EnvSettings, build
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import NcclEnv
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import NcclEnv
 from rdma_hca.tools.check import main
 
 LIMITS = ("Limit                     Soft Limit           Hard Limit           Units\n"

@@ -14,7 +14,8 @@ import pytest
 
 from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import BY_KEY, SETTINGS, Settings
+from rdma_hca.settings.decl import BY_KEY, SETTINGS
+from rdma_hca.settings.model import Settings
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from rdma_hca import cli
 from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
 from rdma_hca.devkit.kube.objects import daemonset, node, pod, resource_slice
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import BY_KEY, ConfigError, Settings
+from rdma_hca.settings.decl import BY_KEY
+from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.doctor import main as doctor_main
 from rdma_hca.tools.doctor.cluster import device_plugin_enabled
 

@@ -25,8 +25,8 @@ from rdma_hca.devkit.kube.objects import (
 )
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.devkit.sim.tree import SimNode
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 from rdma_hca.tools.doctor import main, slices
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)

@@ -20,9 +20,9 @@ from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kube
 from rdma_hca.devkit.kube.objects import daemonset, node, pod
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.kubeapi import (
-    ConfigError,
     Credentials,
     KubeClient,
+    KubeconfigError,
     NotFoundError,
     UnreachableError,
     load_credentials,
@@ -183,7 +183,7 @@ def test_context_flag_picks_the_context(tmp_path: Path) -> None:
     doc = kubeconfig_doc("http://127.0.0.1:1", {}, {"token": "t"}, contexts=2)
     assert load(tmp_path, doc, context="ctx1").source.endswith("context ctx1")
     known = "no context named 'nope' in contexts \\(known: ctx0, ctx1\\)"
-    with pytest.raises(ConfigError, match=known):
+    with pytest.raises(KubeconfigError, match=known):
         load(tmp_path, doc, context="nope")
 
 
@@ -226,13 +226,13 @@ def test_bad_kubeconfigs_say_what_is_wrong(
 ) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(KubeconfigError, match=message):
         load_credentials(kubeconfig=str(path), context=None, env={}, home=tmp_path)
 
 
 def test_bad_pem_is_a_config_error(tmp_path: Path) -> None:
     doc = kubeconfig_doc("https://127.0.0.1:1", {"certificate-authority-data": b64("junk")}, {})
-    with pytest.raises(ConfigError, match="not valid PEM"):
+    with pytest.raises(KubeconfigError, match="not valid PEM"):
         KubeClient(load(tmp_path, doc))
 
 
@@ -394,7 +394,7 @@ def test_proxy_from_the_environment_and_no_proxy(tmp_path: Path) -> None:
 
 def test_in_cluster_without_token_says_how_to_fix(tmp_path: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
-    with pytest.raises(ConfigError, match="automountServiceAccountToken: true"):
+    with pytest.raises(KubeconfigError, match="automountServiceAccountToken: true"):
         load_credentials(kubeconfig=None, context=None, env=env, home=tmp_path,
                          in_cluster_root=tmp_path)
 

@@ -11,7 +11,9 @@ import yaml
 
 from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import ConfigError, Mode, load_settings, selected_hcas
+from rdma_hca.settings.checks import selected_hcas
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError, Mode
 from rdma_hca.tools import msdp
 
 # The example of the plugin's README (its prefix example_prefix is no DNS name, which the
@@ -70,7 +72,7 @@ def test_the_resource_name_is_the_one_the_plugin_advertises(tmp_path: Path) -> N
 
 def test_the_selectors_pick_the_hcas_the_plugin_would(tmp_path: Path) -> None:
     node = sim.gpu_node(tmp_path / "node")
-    from rdma_hca.node.discovery import discover_node
+    from rdma_hca.node.inventory import discover_node
 
     hcas = discover_node(node.sysfs_root, node.dev_root).hcas
     target = next(h for h in hcas if h.netdevs)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.sysfs import discover_node
 from rdma_hca.tools import report
 from rdma_hca.tools.report import JSON_VERSION, inventory_to_json, render_inventory
 

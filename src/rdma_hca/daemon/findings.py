@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 log = logging.getLogger(__name__)
 

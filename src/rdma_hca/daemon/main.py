@@ -26,7 +26,7 @@ quiet_grpc_core()  # before anything below loads grpc
 from rdma_hca.daemon.dra.driver import DraConfigError  # noqa: E402
 from rdma_hca.daemon.observe.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
-from rdma_hca.settings.config import ConfigError, Settings  # noqa: E402
+from rdma_hca.settings.model import ConfigError, Settings  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -34,17 +34,11 @@ from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.kube.events import EventRecorder
+from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import Gid, Hca, NodeInventory
-from rdma_hca.node.reader import NodeReader
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import (
-    ConfigError,
-    Settings,
-    exclusive_first,
-    held_text,
-    overlapping_hcas,
-    pools_sharing,
-)
+from rdma_hca.settings.checks import exclusive_first, held_text, overlapping_hcas, pools_sharing
+from rdma_hca.settings.model import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 

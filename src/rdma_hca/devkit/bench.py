@@ -61,7 +61,7 @@ from rdma_hca.devkit.bench_report import (
 )
 from rdma_hca.devkit.bench_trees import LAG_SIZES, step_tree, tree_specs
 from rdma_hca.devkit.dra.bench import DRA_SPECS, dra_figures
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub

@@ -144,7 +144,7 @@ async def step_tree(rec: Recorder, hcas: int, runs: int, kubelet_dir: Path) -> N
 async def _discovery(rec: Recorder, node: Any, hcas: int, runs: int,
                      build_seconds: float) -> None:
     from rdma_hca.devkit.bench_procs import BenchError
-    from rdma_hca.node.discovery import discover_node
+    from rdma_hca.node.inventory import discover_node
 
     spec = discovery_spec(hcas)
     gid_files = _gid_files(str(node.sysfs_root))
@@ -258,7 +258,7 @@ class Scraper:
 async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> None:
     from rdma_hca.daemon.main import prefer_the_loop, settle_heap
     from rdma_hca.daemon.wiring import Daemon
-    from rdma_hca.settings.config import Settings
+    from rdma_hca.settings.model import Settings
 
     scrape_spec, rediscovery_spec = lag_specs(hcas)
     settings = replace(Settings(), sysfs_root=str(node.sysfs_root),

@@ -21,7 +21,7 @@ from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.text import text_table
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 RESOURCE = "rdma/hca"
 

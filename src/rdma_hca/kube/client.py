@@ -40,8 +40,8 @@ from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
 from rdma_hca.kube.errors import (
     ApiError,
-    ConfigError,
     ConflictError,
+    KubeconfigError,
     KubeError,
     NotFoundError,
     UnreachableError,
@@ -72,21 +72,21 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
     try:
         config = KubeConfig.from_dict(dict(creds.kubeconfig), fname=creds.base).get()
         if config is None:
-            raise ConfigError(f"{creds.source}: no context to use: fix the kubeconfig")
+            raise KubeconfigError(f"{creds.source}: no context to use: fix the kubeconfig")
         # Proxies come from the kubeconfig or the environment given to load_credentials.
         params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False,
                                   proxy=creds.proxy)
         return AsyncClient(config, params)
     except ssl.SSLError as exc:
-        raise ConfigError(f"{creds.source}: a certificate or key is not valid PEM "
+        raise KubeconfigError(f"{creds.source}: a certificate or key is not valid PEM "
                           f"({exc.reason or exc}): fix the kubeconfig") from exc
     except OSError as exc:
-        raise ConfigError(f"{creds.source}: cannot read a certificate or key "
+        raise KubeconfigError(f"{creds.source}: cannot read a certificate or key "
                           f"({exc.strerror or exc}): fix the kubeconfig") from exc
     except (LightkubeConfigError, ValueError, TypeError, AssertionError) as exc:
-        raise ConfigError(f"{creds.source}: {exc}: fix the kubeconfig") from exc
+        raise KubeconfigError(f"{creds.source}: {exc}: fix the kubeconfig") from exc
     except ImportError as exc:  # e.g. a socks5:// proxy-url without socksio installed
-        raise ConfigError(f"{creds.source}: {exc}") from exc
+        raise KubeconfigError(f"{creds.source}: {exc}") from exc
 
 
 async def off_loop(off: OffLoop | None, what: str, fn: Callable[[], T]) -> T:
@@ -218,11 +218,11 @@ class ApiClient:
             return error, (0.0 if reset and method == "GET" else None)
         except LightkubeConfigError as exc:
             # An exec credential plugin that failed: lightkube says which and its stderr.
-            return ConfigError(f"{source}: {' '.join(str(exc).split())}"), None
+            return KubeconfigError(f"{source}: {' '.join(str(exc).split())}"), None
         except OSError as exc:
-            return ConfigError(f"{source}: {_exec_failure(self.creds, exc)}"), None
+            return KubeconfigError(f"{source}: {_exec_failure(self.creds, exc)}"), None
         except (KeyError, json.JSONDecodeError):
-            return ConfigError(
+            return KubeconfigError(
                 f"{source}: the exec credential plugin did not print an ExecCredential with "
                 "status.token; use a plugin that issues tokens"), None
         code = resp.status_code

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from rdma_hca.kube.errors import ConfigError
+from rdma_hca.kube.errors import KubeconfigError
 
 SERVICE_ACCOUNT_DIR = "var/run/secrets/kubernetes.io/serviceaccount"
 # lightkube runs exec plugins of these versions; a v1 plugin prints the same ExecCredential.
@@ -101,7 +101,7 @@ def load_credentials(
         if not path.is_file():
             give = (f"pass an existing file to {accepts.kubeconfig_flag}"
                     if accepts.kubeconfig_flag else "give an existing kubeconfig file")
-            raise ConfigError(f"kubeconfig {path} does not exist: {give}")
+            raise KubeconfigError(f"kubeconfig {path} does not exist: {give}")
         return _from_kubeconfig(path, context, env, accepts)
     tried = [f"{accepts.kubeconfig_flag} (not given)"] if accepts.kubeconfig_flag else []
     for step in accepts.order:
@@ -121,7 +121,7 @@ def load_credentials(
             if default.is_file():
                 return _from_kubeconfig(default, context, env, accepts)
             tried.append(f"{default} (missing)")
-    raise ConfigError(f"no usable API server credentials: tried {', then '.join(tried)}: "
+    raise KubeconfigError(f"no usable API server credentials: tried {', then '.join(tried)}: "
                       f"{accepts.fix()}")
 
 
@@ -131,7 +131,7 @@ def _in_cluster(env: Mapping[str, str], root: Path) -> Credentials:
     try:
         token_file.read_text()
     except OSError as exc:
-        raise ConfigError(
+        raise KubeconfigError(
             f"running in a pod but cannot read the service account token {token_file} "
             f"({exc.strerror}): set automountServiceAccountToken: true on the pod"
         ) from exc
@@ -169,21 +169,21 @@ def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from exc
+        raise KubeconfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         another = (f" or pass another with {accepts.kubeconfig_flag}"
                    if accepts.kubeconfig_flag else "")
-        raise ConfigError(f"kubeconfig {path} is not valid YAML{where}: fix the file{another}"
+        raise KubeconfigError(f"kubeconfig {path} is not valid YAML{where}: fix the file{another}"
                           ) from exc
     if not isinstance(doc, dict):
-        raise ConfigError(f"kubeconfig {path} is not a kubeconfig (expected a mapping with "
+        raise KubeconfigError(f"kubeconfig {path} is not a kubeconfig (expected a mapping with "
                           "clusters, users and contexts)")
     name = context_name or doc.get("current-context")
     if not name:
         pick = f"pass {accepts.context_flag} NAME or " if accepts.context_flag else ""
-        raise ConfigError(f"kubeconfig {path} has no current-context: {pick}run kubectl "
+        raise KubeconfigError(f"kubeconfig {path} has no current-context: {pick}run kubectl "
                           "config use-context NAME")
     ctx = _named(doc, "contexts", "context", str(name), path)
     cluster = _named(doc, "clusters", "cluster", _str_field(ctx, "cluster", path), path)
@@ -205,21 +205,21 @@ def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str
 def _named(doc: dict[str, Any], key: str, inner: str, name: str, path: Path) -> dict[str, Any]:
     entries = doc.get(key) or []
     if not isinstance(entries, list):
-        raise ConfigError(f"kubeconfig {path}: {key} must be a list")
+        raise KubeconfigError(f"kubeconfig {path}: {key} must be a list")
     for entry in entries:
         if isinstance(entry, dict) and entry.get("name") == name:
             body = entry.get(inner)
             if not isinstance(body, dict):
-                raise ConfigError(f"kubeconfig {path}: {key} entry {name!r} has no {inner}")
+                raise KubeconfigError(f"kubeconfig {path}: {key} entry {name!r} has no {inner}")
             return body
     known = ", ".join(str(e.get("name")) for e in entries if isinstance(e, dict)) or "none"
-    raise ConfigError(f"kubeconfig {path}: no {inner} named {name!r} in {key} (known: {known})")
+    raise KubeconfigError(f"kubeconfig {path}: no {inner} named {name!r} in {key} (known: {known})")
 
 
 def _str_field(body: Mapping[str, Any], key: str, path: Path) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"kubeconfig {path}: {key} is missing or not a string")
+        raise KubeconfigError(f"kubeconfig {path}: {key} is missing or not a string")
     return value
 
 
@@ -231,7 +231,7 @@ def _check_pem(body: Mapping[str, Any], key: str, path: Path) -> bool:
         try:
             base64.b64decode(str(data), validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ConfigError(f"kubeconfig {path}: {key}-data is not valid base64") from exc
+            raise KubeconfigError(f"kubeconfig {path}: {key}-data is not valid base64") from exc
         return True
     file = body.get(key)
     if file:
@@ -239,7 +239,7 @@ def _check_pem(body: Mapping[str, Any], key: str, path: Path) -> bool:
         try:
             target.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"kubeconfig {path}: cannot read {key} {target}: "
+            raise KubeconfigError(f"kubeconfig {path}: cannot read {key} {target}: "
                               f"{exc.strerror}") from exc
         return True
     return False
@@ -249,7 +249,7 @@ def _check_cluster(cluster: Mapping[str, Any], path: Path) -> str:
     server = _str_field(cluster, "server", path)
     parsed = urllib.parse.urlsplit(server)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"kubeconfig {path}: cluster server {server!r} is not an http(s) URL")
+        raise KubeconfigError(f"kubeconfig {path}: cluster server {server!r} is not an http(s) URL")
     _check_pem(cluster, "certificate-authority", path)
     return server.rstrip("/")
 
@@ -258,7 +258,7 @@ def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, 
     """The user entry, checked, with the changes lightkube needs to use it as kubectl does."""
     out = dict(user)
     if "auth-provider" in user:
-        raise ConfigError(
+        raise KubeconfigError(
             f"kubeconfig {path}: context {context!r} uses an auth-provider, which kubectl "
             "dropped in 1.26: switch to its exec credential plugin (e.g. "
             "gke-gcloud-auth-plugin, kubelogin)"
@@ -270,7 +270,7 @@ def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, 
         try:
             target.read_text()
         except OSError as exc:
-            raise ConfigError(f"kubeconfig {path}: cannot read tokenFile {token_file}: "
+            raise KubeconfigError(f"kubeconfig {path}: cannot read tokenFile {token_file}: "
                               f"{exc.strerror}") from exc
         out["tokenFile"] = str(target)
     elif user.get("token"):
@@ -278,7 +278,7 @@ def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, 
     cert = _check_pem(user, "client-certificate", path)
     key = _check_pem(user, "client-key", path)
     if cert != key:
-        raise ConfigError(f"kubeconfig {path}: user of context {context!r} has a client "
+        raise KubeconfigError(f"kubeconfig {path}: user of context {context!r} has a client "
                           "certificate or key but not both")
     if "exec" in user:
         out["exec"] = _exec(user["exec"], path, context)
@@ -287,11 +287,11 @@ def _check_user(user: Mapping[str, Any], path: Path, context: str) -> dict[str, 
 
 def _exec(spec: Any, path: Path, context: str) -> dict[str, Any]:
     if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
-        raise ConfigError(f"kubeconfig {path}: the exec entry of context {context!r} needs a "
+        raise KubeconfigError(f"kubeconfig {path}: the exec entry of context {context!r} needs a "
                           "command")
     version = spec.get("apiVersion")
     if version not in (_EXEC_V1, _EXEC_V1BETA1, "client.authentication.k8s.io/v1alpha1"):
-        raise ConfigError(f"kubeconfig {path}: exec apiVersion {version!r} of context "
+        raise KubeconfigError(f"kubeconfig {path}: exec apiVersion {version!r} of context "
                           f"{context!r} is not one kubectl knows; use {_EXEC_V1}")
     out = dict(spec)
     command = spec["command"]

@@ -9,7 +9,7 @@ class KubeError(Exception):
     status = 0  # the HTTP status, 0 when the server gave none
 
 
-class ConfigError(KubeError):
+class KubeconfigError(KubeError):
     """No usable credentials: no kubeconfig, or one that cannot be read or used."""
 
 

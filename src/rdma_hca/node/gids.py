@@ -10,20 +10,20 @@ from __future__ import annotations
 import ipaddress
 import os
 
+from rdma_hca.node.file_reads import Watch, check_exhausted
 from rdma_hca.node.model import Gid, LinkLayer
-from rdma_hca.node.parse import (
+from rdma_hca.node.sysfs_values import (
     GID_TEXT,
     GID_TYPES,
     MAX_GID_INDEX,
     ZERO_GID,
     ZERO_GID_LINE,
+    attribute_text,
     classify,
-    decode,
     shown,
     unused_gid,
 )
-from rdma_hca.node.reads import Watch, check_exhausted
-from rdma_hca.node.walk import Walk
+from rdma_hca.node.sysfs_walk import Walk
 
 UsedEntry = tuple[int, str, bytes]
 
@@ -144,7 +144,7 @@ class GidWalk(Walk):
         link_layer: LinkLayer,
         have_types: bool,
     ) -> Gid | None:
-        text = decode(raw)
+        text = attribute_text(raw)
         if text is None or GID_TEXT.fullmatch(text) is None:
             self.warn(f"{path} holds {shown(raw)}, not a GID; skipping it")
             return None
@@ -161,7 +161,7 @@ class GidWalk(Walk):
                 # The kernel answers EINVAL for an entry that is not in use; a stale
                 # address left in gids/N is then not a GID anyone can use.
                 return None
-            type_text = decode(type_raw)
+            type_text = attribute_text(type_raw)
             if type_text in GID_TYPES:
                 gid_type = type_text
             else:

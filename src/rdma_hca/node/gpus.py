@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.file_reads import ReadStalled, check_exhausted
 from rdma_hca.node.model import Gpu
-from rdma_hca.node.parse import HEX_ID, MAX_NUMA_NODE, PCI_BUS_ID, decode, natural_key, pcie_root
-from rdma_hca.node.reads import ReadStalled, check_exhausted
-from rdma_hca.node.walk import Walk
+from rdma_hca.node.sysfs_values import HEX_ID, MAX_NUMA_NODE, PCI_BUS_ID, attribute_text, pcie_root
+from rdma_hca.node.sysfs_walk import Walk
 
 NVIDIA = "0x10de"
 DISPLAY_CLASS = "0x03"  # PCI base class 03: display controllers (3D controller: 0x0302)
@@ -22,7 +23,7 @@ DISPLAY_CLASS = "0x03"  # PCI base class 03: display controllers (3D controller:
 
 def _attr(walk: Walk, path: str) -> str | None:
     try:
-        text = decode(walk.io.read(path))
+        text = attribute_text(walk.io.read(path))
     except ReadStalled:
         return None
     except OSError as err:

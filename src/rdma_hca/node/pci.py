@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from rdma_hca.node.parse import (
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.sysfs_values import (
     DIGITS,
     HEX_ID,
     MAX_NUMA_NODE,
     PCI_ADDRESS,
     PCI_BUS_ID,
-    natural_key,
     pcie_root,
 )
-from rdma_hca.node.walk import Walk
+from rdma_hca.node.sysfs_walk import Walk
 
 
 @dataclass

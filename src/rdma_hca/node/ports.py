@@ -6,18 +6,18 @@ import os
 
 from rdma_hca.node.gids import GidWalk
 from rdma_hca.node.model import CharDevice, LinkLayer, Port
-from rdma_hca.node.parse import (
+from rdma_hca.node.pci import Parent
+from rdma_hca.node.sysfs_values import (
     MAX_LID,
     MAX_PORT,
-    PHYS_STATES,
-    PORT_STATES,
+    PHYS_STATE_NAMES,
+    PORT_STATE_NAMES,
     UNKNOWN,
-    decode,
+    attribute_text,
     parse_state,
     rate_gbps,
     shown,
 )
-from rdma_hca.node.pci import Parent
 
 
 class PortWalk(GidWalk):
@@ -56,9 +56,9 @@ class PortWalk(GidWalk):
             # A port directory with no state file is not a port (a half-made entry).
             self.warn(f"skipping port {port_dir}: it has no state file")
             return None
-        state = self.state(state_path, PORT_STATES, "4: ACTIVE", "state")
+        state = self.state(state_path, PORT_STATE_NAMES, "4: ACTIVE", "state")
         phys_state = self.state(
-            os.path.join(port_dir, "phys_state"), PHYS_STATES, "5: LinkUp", "physical state"
+            os.path.join(port_dir, "phys_state"), PHYS_STATE_NAMES, "5: LinkUp", "physical state"
         )
         link_layer = self.link_layer(os.path.join(port_dir, "link_layer"))
         rate, gbps = self.rate(os.path.join(port_dir, "rate"))
@@ -126,7 +126,7 @@ class PortWalk(GidWalk):
             # Some drivers answer EINVAL while the link is down: no rate is normal then.
             self.os_error(err)
             return "", None
-        text = decode(raw)
+        text = attribute_text(raw)
         gbps = rate_gbps(text) if text is not None else None
         if text is None or gbps is None:
             self.warn(f"{path} holds {shown(raw)}, not a rate like '400 Gb/sec (4X NDR)'")

@@ -2,17 +2,19 @@
 
 Whether the device-plugin pools and the DRA driver could offer the same HCA (known from the
 config alone, or after discovery), the union of what they select, and whether a sysfs or
-/dev root is plausible. Importable from ``rdma_hca.settings.config``.
+/dev root is plausible. ``rdma_hca.settings.config`` runs the checks the config alone
+answers while it loads; the daemon runs the others after discovery.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
 from rdma_hca.node.model import Hca
+from rdma_hca.settings.coerce import RawValue
 from rdma_hca.settings.decl import BY_KEY
 from rdma_hca.settings.model import ConfigError, Mode, PoolConfig, Selectors, Settings, norm_hex
 
@@ -181,3 +183,58 @@ def setting_source(settings: Settings, key: str) -> str:
         return f"{BY_KEY[key].default_text}, kubeletRoot from " + setting_source(
             settings, "kubeletRoot")
     return "the default"
+
+
+# --- the same HCA offered twice, known from the config alone ------------------------------
+
+
+def check_static_overlap(settings: Settings, merged: Mapping[str, RawValue]) -> None:
+    """Refuse settings that surely offer one HCA twice: by two pools, one exclusive, or by a
+    pool and the DRA driver; ``merged`` names the layer that gave the value to change."""
+    _check_exclusive_pools(settings, merged)
+    if not settings.dra.enabled:
+        return
+    dra = settings.dra.selectors
+    fix = ("give the pools and dra.selectors names that do not overlap (e.g. pools "
+           "names: [mlx5_0, mlx5_1], dra names: [mlx5_2, mlx5_3]), or set "
+           "devicePlugin.enabled: false (--no-device-plugin) to run DRA alone")
+    for pool in settings.pools:
+        if not surely_shared(pool.selectors, dra):
+            continue
+        if pool.selectors.takes_all:
+            why = f"the pool {pool.resource_name} takes every HCA"
+        elif dra.takes_all:
+            why = ("dra.selectors is empty, so DRA takes every HCA, also those of "
+                   f"{pool.resource_name}")
+        else:
+            why = f"the pool {pool.resource_name} and dra.selectors select the same HCA names"
+        v = merged.get("dra.enabled", RawValue(True, ""))
+        raise ConfigError("dra.enabled", v.value,
+                          f"{why}, so it would be offered twice: {fix}", v.source)
+
+
+def _check_exclusive_pools(settings: Settings, merged: Mapping[str, RawValue]) -> None:
+    """Two pools known from the config alone to hold a same HCA, one of them exclusive.
+
+    An exclusive pool hands each HCA to one pod; another pool would hand it out again.
+    Shared pools may overlap (the daemon says so once, naming the HCAs, after discovery).
+    """
+    pools = settings.pools
+    for i, a in enumerate(pools):
+        for b in pools[i + 1:]:
+            pair = exclusive_first(a, b)
+            if pair is None or not surely_shared(a.selectors, b.selectors):
+                continue
+            ex, other = pair
+            if ex.selectors.takes_all or other.selectors.takes_all:
+                whole = ex if ex.selectors.takes_all else other
+                why = f"the pool {whole.resource_name} takes every HCA"
+            else:
+                why = "both select the same HCA names"
+            held = held_text(names_both_select(ex.selectors, other.selectors))
+            v = merged.get("pools", RawValue(None, ""))
+            raise ConfigError(
+                "pools", f"{ex.resource_name}, {other.resource_name}",
+                f"the exclusive pool {ex.resource_name} and the pool {other.resource_name} "
+                f"would both hold {held} ({why}): an exclusive pool gives each HCA to one "
+                "pod only; give the pools selectors that keep their HCAs apart", v.source)

@@ -3,7 +3,7 @@
 A :class:`Setting` holds the YAML key, the environment variable(s), the flag, the type,
 the allowed range or choices, the default and a one-line help. From this table come the
 flags of ``serve`` (and of the subcommands that share settings), the environment layer,
-validation (``rdma_hca.settings.config``), the table in docs/configuration.md and the test
+validation (``rdma_hca.settings.coerce``), the table in docs/configuration.md and the test
 that holds the chart's values.schema.json to the same names, types and ranges.
 
 Naming rules, so that nobody has to guess: the environment variable is ``RDMA_HCA_`` and the

@@ -1,7 +1,7 @@
 """The typed settings the daemon runs with: plain frozen records, no parsing here.
 
-``rdma_hca.settings.config`` builds them from the declaration in ``settings_decl`` and
-re-exports every name; import them from there.
+``rdma_hca.settings.config`` builds them from the declaration in
+:mod:`rdma_hca.settings.decl`.
 """
 
 from __future__ import annotations

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import TextIO
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from rdma_hca.node.deadline_reader import DEFAULT_DEADLINE, discover_bounded
+from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
-from rdma_hca.settings.config import BY_KEY, ConfigError, add_flags
+from rdma_hca.settings.decl import BY_KEY, add_flags
+from rdma_hca.settings.model import ConfigError
 from rdma_hca.tools.arguments import mounted_dir
 from rdma_hca.tools.check_nccl import Finding, nccl_findings
 from rdma_hca.tools.deadline import read_deadline
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     environ = os.environ if env is None else env
     # One discovery for the HCA checks and the NCCL ones: a file that hangs costs the
     # check one read deadline, not two.
-    discovery = Discovery(Path(args.sysfs_root), Path(args.dev_root), read_deadline(args))
+    discovery = CachedInventory(Path(args.sysfs_root), Path(args.dev_root), read_deadline(args))
     checks = run_checks(
         proc_root=Path(args.proc_root),
         sysfs_root=Path(args.sysfs_root),
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace, *, env: Mapping[str, str] | None = None,
     return EXIT_OK if ok else EXIT_FAIL
 
 
-class Discovery:
+class CachedInventory:
     """The container's view of the node, discovered once (with its deadline) for every
     check that asks; a failure is kept and raised again, as the first call saw it."""
 
@@ -125,7 +127,7 @@ class Discovery:
 
 
 def nccl_checks(sysfs_root: Path, env: Mapping[str, str],
-                discovery: Discovery) -> list[Finding]:
+                discovery: CachedInventory) -> list[Finding]:
     """The NCCL/UCX findings, from the same bounded discovery as the HCA checks."""
     try:
         inv = discovery()
@@ -137,11 +139,11 @@ def nccl_checks(sysfs_root: Path, env: Mapping[str, str],
 
 def run_checks(
     *, proc_root: Path, sysfs_root: Path, dev_root: Path, env: Mapping[str, str],
-    deadline: float = DEFAULT_DEADLINE, discovery: Discovery | None = None,
+    deadline: float = DEFAULT_DEADLINE, discovery: CachedInventory | None = None,
 ) -> list[Check]:
     """Every check, in the order a user should fix them."""
     checks = device_node_checks(dev_root)
-    checks.extend(hca_checks(env, discovery or Discovery(sysfs_root, dev_root, deadline)))
+    checks.extend(hca_checks(env, discovery or CachedInventory(sysfs_root, dev_root, deadline)))
     ipc_lock = ipc_lock_check(proc_root)
     checks.append(memlock_check(proc_root, ipc_lock=ipc_lock.ok))
     checks.append(ipc_lock)
@@ -201,7 +203,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def hca_checks(env: Mapping[str, str], discovery: Discovery) -> list[Check]:
+def hca_checks(env: Mapping[str, str], discovery: CachedInventory) -> list[Check]:
     """Every HCA the plugin named must be visible here, have a port up and its device node."""
     raw = env.get(ENV_DEVICES)
     if raw is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rdma_hca.node.reader import DEFAULT_DEADLINE
+from rdma_hca.node.deadline_reader import DEFAULT_DEADLINE
 from rdma_hca.settings.config import load_settings
 
 

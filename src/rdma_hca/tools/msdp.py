@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from rdma_hca.kit.names import resource_name_problem
-from rdma_hca.settings.config import BY_KEY, ConfigError
+from rdma_hca.settings.decl import BY_KEY
 from rdma_hca.settings.file import parse_config_text, read_config_file
+from rdma_hca.settings.model import ConfigError
 
 TOP_KEYS = ("periodicUpdateInterval", "configList")
 ENTRY_KEYS = ("resourceName", "resourcePrefix", "rdmaHcaMax", "devices", "selectors")

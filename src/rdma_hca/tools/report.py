@@ -27,9 +27,10 @@ from typing import TextIO
 from rdma_hca.kit.exitcodes import EXIT_FAIL as EXIT_STALLED
 from rdma_hca.kit.exitcodes import EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.text import text_table
+from rdma_hca.node.deadline_reader import discover_bounded
+from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeInventory, Port
-from rdma_hca.node.parse import printable, unusable_warning
-from rdma_hca.node.reader import DiscoveryFailed, discover_bounded
+from rdma_hca.node.sysfs_values import printable, unusable_warning
 from rdma_hca.tools.deadline import read_deadline
 
 __all__ = [

@@ -12,7 +12,7 @@ from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.kit.sayonce import Once
-from rdma_hca.settings.config import CdiConfig, NcclEnv
+from rdma_hca.settings.model import CdiConfig, NcclEnv
 
 NINE = ",".join([*(f"mlx5_{i}:1" for i in range(8)), "mlx5_bond_0:1"])
 

@@ -23,7 +23,7 @@ from rdma_hca.daemon.deviceplugin.pool import exclusive_ids
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
-from rdma_hca.settings.config import Mode, PoolConfig
+from rdma_hca.settings.model import Mode, PoolConfig
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from rdma_hca.daemon.deviceplugin.pool import (
 )
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, NodeInventory, Port
-from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig, Selectors, UnhealthyWhen
+from rdma_hca.settings.model import Mode, NcclEnv, PoolConfig, Selectors, UnhealthyWhen
 
 HCA_ONLY = EnvSettings(nccl=NcclEnv.HCA)
 

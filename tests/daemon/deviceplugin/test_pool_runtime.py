@@ -12,8 +12,8 @@ from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode, PoolConfig, Selectors, UnhealthyWhen
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode, PoolConfig, Selectors, UnhealthyWhen
 
 
 @pytest.mark.parametrize("mode", [Mode.SHARED, Mode.EXCLUSIVE])

@@ -28,9 +28,9 @@ from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.model import Mode
 
 BANDWIDTH = f"{DRIVER}/bandwidth"
 POLICY = {"default": "0", "validRange": {"min": "0", "step": "1G"}}
@@ -257,7 +257,7 @@ async def test_metrics_show_1e11_held_while_a_claim_holds_100g(
     from rdma_hca.daemon.wiring import Daemon
     from rdma_hca.devkit.dra.kubelet import DraKubelet
     from rdma_hca.devkit.waiting import wait_until
-    from rdma_hca.settings.config import DraConfig, Settings
+    from rdma_hca.settings.model import DraConfig, Settings
 
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     root = tempfile.mkdtemp(prefix="dra-b-", dir="/tmp")  # unix socket paths: 107 bytes

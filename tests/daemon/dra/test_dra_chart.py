@@ -173,7 +173,7 @@ def test_claim_template_selector_matches_only_devices_with_a_port_up(
         dra_render: RenderFn) -> None:
     from rdma_hca.daemon.dra.devices import device
     from rdma_hca.node.model import Hca, LinkLayer, Port
-    from rdma_hca.settings.config import Mode
+    from rdma_hca.settings.model import Mode
 
     (tmpl,) = _docs("dra-resourceclaimtemplate.yaml")
     (request,) = tmpl["spec"]["spec"]["devices"]["requests"]

@@ -24,8 +24,8 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 
 
 class Sleeps:

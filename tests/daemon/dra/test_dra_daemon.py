@@ -22,7 +22,7 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import (
+from rdma_hca.settings.model import (
     CdiConfig,
     ConfigError,
     DraConfig,

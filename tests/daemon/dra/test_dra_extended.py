@@ -25,8 +25,8 @@ from rdma_hca.devkit.dra.extended import extended_claim, request_name
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import DeviceMetadata, Mode, NcclEnv, PoolConfig
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import DeviceMetadata, Mode, NcclEnv, PoolConfig
 
 EXTENDED_CLASS = f"{DRIVER}-extended"
 HOST = EnvSettings(nccl=NcclEnv.AUTO)

@@ -18,8 +18,8 @@ from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import DeviceMetadata, NcclEnv
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import DeviceMetadata, NcclEnv
 
 INSIDE = "/var/run/kubernetes.io/dra-device-attributes"
 # What the upstream types (api/metadata/v1beta1 and v1alpha1) allow, and nothing else.

@@ -16,9 +16,10 @@ from rdma_hca.daemon.deviceplugin.pool import select
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode, PoolConfig, Settings, load_settings
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import Mode, PoolConfig, Settings
 
 
 def _settings(layer: str, mode: str, tmp_path: Path) -> Settings:

@@ -20,7 +20,7 @@ from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import DraConfig, Settings
+from rdma_hca.settings.model import DraConfig, Settings
 
 DRIVER = "rdma-hca.io"
 NODE = "node-a"

@@ -21,7 +21,7 @@ from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import Stalled
-from rdma_hca.settings.config import NcclEnv
+from rdma_hca.settings.model import NcclEnv
 
 
 def _result(device: str, request: str = "hca", pool: str = NODE,

@@ -10,7 +10,7 @@ from dra_support import DRIVER, NODE
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.model import Mode
 
 STD = "resource.kubernetes.io"
 
@@ -170,7 +170,7 @@ async def test_without_device_taints_a_down_port_shows_only_in_the_attribute(
 
 async def test_selectors_limit_the_offered_hcas(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
-    from rdma_hca.settings.config import Selectors
+    from rdma_hca.settings.model import Selectors
 
     tune = with_changes(selectors=Selectors(names=("mlx5_1", "mlx5_bond_*")))
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:

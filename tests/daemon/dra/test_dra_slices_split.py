@@ -23,8 +23,8 @@ from rdma_hca.daemon.dra.slices import (
 )
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.sriov import sriov_node
-from rdma_hca.node.discovery import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 
 DRIVER = "rdma-hca.io"
 NODE = "node-a"

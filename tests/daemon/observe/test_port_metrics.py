@@ -33,9 +33,9 @@ from rdma_hca.daemon.observe.port_metrics import (
 )
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
-from rdma_hca.node.sysfs import HW_PREFIX, read_port_counters
+from rdma_hca.node.port_polls import HW_PREFIX, read_port_counters
 
 Counters = dict[tuple[str, int], dict[str, int]]
 Changes = dict[tuple[str, int], int]

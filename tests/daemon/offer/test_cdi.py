@@ -11,7 +11,7 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, infiniband_node
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.settings.config import CdiConfig, Mode, PoolConfig, Settings
+from rdma_hca.settings.model import CdiConfig, Mode, PoolConfig, Settings
 
 R = "rdma/hca"
 

@@ -12,10 +12,10 @@ from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.daemon.offer.env import EnvSettings, build, container_env
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.sayonce import Once
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
 from rdma_hca.node.roce import AddrFamily, family_gid
-from rdma_hca.settings.config import Mode, NcclEnv, PoolConfig
+from rdma_hca.settings.model import Mode, NcclEnv, PoolConfig
 
 AUTO = EnvSettings(nccl=NcclEnv.AUTO)
 AUTO_POD_NETWORK = EnvSettings(nccl=NcclEnv.AUTO, non_host_network=True)

@@ -17,8 +17,8 @@ from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.events import EVENTS_POLICY, EventRecorder
+from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.reader import NodeReader
 
 NODE = "gpu-node-1"
 

@@ -19,7 +19,8 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory, Port
-from rdma_hca.settings.config import BY_KEY, Mode, PoolConfig, Settings
+from rdma_hca.settings.decl import BY_KEY
+from rdma_hca.settings.model import Mode, PoolConfig, Settings
 
 HOLD = 20.0  # not the default: the daemon must pass its setting on
 R = "rdma/hca"

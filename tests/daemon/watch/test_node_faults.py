@@ -24,7 +24,7 @@ from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.netlink import NetdevEvent
-from rdma_hca.settings.config import CdiConfig
+from rdma_hca.settings.model import CdiConfig
 
 
 async def test_fd_exhaustion_during_discovery_keeps_the_last_state(

@@ -36,7 +36,7 @@ from rdma_hca.daemon.deviceplugin.pool import Allocation, DeviceInfo, UnknownDev
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import unless
 from rdma_hca.kit.unixserver import Malformed, Throttle, lenient_service
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.model import Mode
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from rdma_hca.daemon.offer.health import hca_healthy, rdma_cm_ok
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
-from rdma_hca.settings.config import Mode, PoolConfig, UnhealthyWhen
+from rdma_hca.settings.model import Mode, PoolConfig, UnhealthyWhen
 
 NO_MATCH = "no RDMA HCA matches this pool's selectors"
 # An exclusive pool keeps the answers for this many distinct HCA sets (2^n are possible).

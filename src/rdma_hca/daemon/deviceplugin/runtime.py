@@ -19,7 +19,7 @@ from rdma_hca.daemon.deviceplugin.pool import NO_MATCH, PoolView, select
 from rdma_hca.daemon.deviceplugin.state import DeviceState
 from rdma_hca.daemon.offer.env import NO_NCCL_ENV, EnvSettings
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.settings.config import PoolConfig, Selectors
+from rdma_hca.settings.model import PoolConfig, Selectors
 
 log = logging.getLogger(__name__)
 

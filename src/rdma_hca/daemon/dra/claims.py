@@ -45,7 +45,7 @@ from rdma_hca.kit.quantity import QuantityError, parse_quantity
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import CharDevice, Hca
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.model import Mode
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from rdma_hca.daemon.offer.env import EnvSettings, env_settings
 from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE
-from rdma_hca.settings.config import DeviceMetadata, Mode, Selectors
-from rdma_hca.settings.model import Settings
+from rdma_hca.settings.model import DeviceMetadata, Mode, Selectors, Settings
 
 DRA_SOCKET = "dra.sock"
 LOCK_FILE = "claims.lock"

@@ -33,7 +33,7 @@ from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
-from rdma_hca.settings.config import DEFAULT_RDMA_HCA_MAX, Mode
+from rdma_hca.settings.model import DEFAULT_RDMA_HCA_MAX, Mode
 
 STANDARD = "resource.kubernetes.io"
 LINK_DOWN_TAINT = "link-down"  # qualified with the driver name

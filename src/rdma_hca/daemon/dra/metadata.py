@@ -36,7 +36,7 @@ from rdma_hca.daemon.dra.checkpoint import PreparedClaim
 from rdma_hca.daemon.dra.devices import attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
-from rdma_hca.settings.config import DeviceMetadata
+from rdma_hca.settings.model import DeviceMetadata
 
 GROUP = "metadata.resource.k8s.io"
 KIND = "DeviceMetadata"

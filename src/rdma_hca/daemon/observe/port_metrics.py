@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from prometheus_client.utils import floatToGoString
 
 from rdma_hca.node.model import Hca
-from rdma_hca.node.sysfs import HW_PREFIX
+from rdma_hca.node.port_polls import HW_PREFIX
 
 PORT_STATES = ("ACTIVE", "DOWN", "INIT", "ARMED", "ACTIVE_DEFER", "UNKNOWN")
 # The counters of ports/N/counters (the kernel's sysfs ABI, the IB PortCounters and

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, Port
 from rdma_hca.node.roce import AddrFamily, family_gid
-from rdma_hca.settings.config import NcclEnv, Settings
+from rdma_hca.settings.model import NcclEnv, Settings
 
 log = logging.getLogger(__name__)
 

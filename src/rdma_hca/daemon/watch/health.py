@@ -43,8 +43,8 @@ from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.broadcast import Broadcast
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node import netlink
+from rdma_hca.node.file_reads import ReadStalled
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.reads import ReadStalled
 
 log = logging.getLogger(__name__)
 

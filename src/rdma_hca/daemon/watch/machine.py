@@ -1,6 +1,6 @@
 """What the daemon reads of the machine: the surface of the node wing's reader.
 
-``node.reader.NodeReader`` runs every read off the event loop with a deadline; the
+``node.deadline_reader.NodeReader`` runs every read off the event loop with a deadline; the
 health watcher takes anything with this surface, so tests can hand it a reader that
 holds or fails on purpose.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import errno
 from typing import Protocol
 
+from rdma_hca.node.deadline_reader import Glance, PortCounters
+from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.reader import Glance, PortCounters
-from rdma_hca.node.reads import DiscoveryFailed
-from rdma_hca.node.sysfs import PortStates
+from rdma_hca.node.port_polls import PortStates
 
 __all__ = ["DiscoveryFailed", "Glance", "MachineReader", "PortCounters", "PortStates",
            "failure_reason"]

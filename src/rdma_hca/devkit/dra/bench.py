@@ -40,7 +40,7 @@ from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 DRIVER = "rdma-hca.io"
 DEFAULT_POLL = Settings().health_poll_seconds

@@ -19,7 +19,7 @@ from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.nodes import gpu_node
-from rdma_hca.settings.config import Settings
+from rdma_hca.settings.model import Settings
 
 NODE = "bench-node"
 SLICES = "/resourceslices"

@@ -25,8 +25,8 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.nodes import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.node.reader import NodeReader
-from rdma_hca.settings.config import CdiConfig, DraConfig, Mode, Settings
+from rdma_hca.node.deadline_reader import NodeReader
+from rdma_hca.settings.model import CdiConfig, DraConfig, Mode, Settings
 
 
 class DraStage:

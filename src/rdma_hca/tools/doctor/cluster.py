@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
-from rdma_hca.settings.config import BY_KEY, ConfigError, flags_in, given_value
+from rdma_hca.settings.config import given_value
+from rdma_hca.settings.decl import BY_KEY, flags_in
+from rdma_hca.settings.model import ConfigError
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
 from rdma_hca.tools.doctor.result import Check

@@ -20,14 +20,14 @@ from rdma_hca.kube.credentials import (
 )
 from rdma_hca.kube.errors import (
     ApiError,
-    ConfigError,
+    KubeconfigError,
     KubeError,
     NotFoundError,
     UnreachableError,
 )
 from rdma_hca.kube.policy import ClientPolicy
 
-__all__ = ["CREDENTIALS", "ApiError", "ConfigError", "Credentials", "KubeClient", "KubeError",
+__all__ = ["CREDENTIALS", "ApiError", "Credentials", "KubeClient", "KubeError", "KubeconfigError",
            "NotFoundError", "UnreachableError", "label_selector", "load_credentials"]
 
 DEFAULT_TIMEOUT = 10.0

@@ -2,7 +2,7 @@
 
 Run on a node or inside the plugin pod (which mounts the host's /sys, /dev and the kubelet's
 device-plugins directory). Discovery is the daemon's own, bounded by a read deadline
-(`node.reader.discover_bounded`), so the doctor sees exactly what the plugin sees and
+(`node.deadline_reader.discover_bounded`), so the doctor sees exactly what the plugin sees and
 ends even when a sysfs file never answers: such files are named in a failed check.
 
 Exit status: 0 when every check passes, 1 when one fails (a file that did not answer is
@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rdma_hca.kit.probe import ProbeError, ask, default_dir, probe_socket_path
+from rdma_hca.node.deadline_reader import DEFAULT_DEADLINE, discover_bounded
+from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory
-from rdma_hca.node.reader import DEFAULT_DEADLINE, DiscoveryFailed, discover_bounded
 from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.config import ConfigError, load_settings
-from rdma_hca.settings.model import Settings
+from rdma_hca.settings.config import load_settings
+from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check

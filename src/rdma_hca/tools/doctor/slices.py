@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rdma_hca.settings.config import DEFAULT_DRA_DRIVER_NAME
+from rdma_hca.settings.model import DEFAULT_DRA_DRIVER_NAME
 from rdma_hca.tools.doctor.result import Check
 
 DEFAULT_DRIVER = DEFAULT_DRA_DRIVER_NAME

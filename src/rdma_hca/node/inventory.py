@@ -1,6 +1,6 @@
 """Discovery of a node's RDMA HCAs from sysfs and the dev tree.
 
-Every file the daemon reads about HCAs is read by this pass (through ``reads``), so the
+Every file the daemon reads about HCAs is read by this pass (through ``file_reads``), so the
 rules for trusting sysfs live in one place:
 
 - Nothing raises on bad content. The kernel, a driver or a half-finished hot unplug can
@@ -21,9 +21,12 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from rdma_hca.node.file_reads import DiscoveryFailed, Reads
 from rdma_hca.node.gpus import node_gpus
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory, Port
-from rdma_hca.node.parse import (
+from rdma_hca.node.pci import PciWalk
+from rdma_hca.node.ports import PortWalk
+from rdma_hca.node.sysfs_values import (
     GUID,
     MAD,
     MAX_PORT,
@@ -35,10 +38,7 @@ from rdma_hca.node.parse import (
     printable,
     unusable_warning,
 )
-from rdma_hca.node.pci import PciWalk
-from rdma_hca.node.ports import PortWalk
-from rdma_hca.node.reads import DiscoveryFailed, Reads
-from rdma_hca.node.walk import StrPath
+from rdma_hca.node.sysfs_walk import StrPath
 
 
 def stalled_ports(ports: tuple[Port, ...]) -> tuple[Port, ...]:
@@ -210,7 +210,7 @@ def discover_node(sysfs_root: StrPath, dev_root: StrPath) -> NodeInventory:
 
     ``sysfs_root`` is normally ``/sys`` and ``dev_root`` normally ``/dev``. HCAs come
     back sorted by name (naturally: mlx5_2 before mlx5_10). Code that must not hang with
-    a stuck file uses ``node.reader`` instead.
+    a stuck file uses ``node.deadline_reader`` instead.
     """
     try:
         return Discovery(sysfs_root, dev_root).run()

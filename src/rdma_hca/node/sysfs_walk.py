@@ -10,18 +10,18 @@ from __future__ import annotations
 import os
 import re
 
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.file_reads import Reads, check_exhausted
 from rdma_hca.node.model import CharDevice
-from rdma_hca.node.parse import (
+from rdma_hca.node.sysfs_values import (
     DEV_DIR,
     NETDEV,
-    decode,
+    attribute_text,
     is_number,
-    natural_key,
     printable,
     shown,
     why,
 )
-from rdma_hca.node.reads import Reads, check_exhausted
 
 StrPath = str | os.PathLike[str]
 
@@ -68,7 +68,7 @@ class Walk:
         raw = self.raw(path)
         if raw is None:
             return None
-        text = decode(raw)
+        text = attribute_text(raw)
         if text is None:
             self.warn(f"{path} holds unreadable content {shown(raw)}; ignoring it")
         return text

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.deadline_reader import NodeReader, discover_bounded
+from rdma_hca.node.file_reads import DiscoveryFailed
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.parse import UNKNOWN
-from rdma_hca.node.reader import DiscoveryFailed, NodeReader, discover_bounded
+from rdma_hca.node.sysfs_values import UNKNOWN
 
 DEADLINE = 1.0
 
@@ -204,7 +205,7 @@ def test_hung_reads_do_not_hold_up_interpreter_exit(node: sim.SimNode) -> None:
     code = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from rdma_hca.node.reader import NodeReader\n"
+        "from rdma_hca.node.deadline_reader import NodeReader\n"
         "r = NodeReader(Path(sys.argv[1]), Path(sys.argv[2]), deadline=1.0)\n"
         "inv = asyncio.run(r.discover())\n"
         "print(len(inv.stalled), len(r.stuck))\n"
@@ -218,8 +219,9 @@ def test_hung_reads_do_not_hold_up_interpreter_exit(node: sim.SimNode) -> None:
 def test_running_out_of_file_descriptors_is_not_no_hcas(node: sim.SimNode) -> None:
     code = (
         "import os, resource, sys\n"
-        "from rdma_hca.node.discovery import discover_node\n"
-        "from rdma_hca.node.reader import DiscoveryFailed, discover_bounded\n"
+        "from rdma_hca.node.inventory import discover_node\n"
+        "from rdma_hca.node.deadline_reader import discover_bounded\n"
+        "from rdma_hca.node.file_reads import DiscoveryFailed\n"
         "fds = len(os.listdir('/proc/self/fd'))\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (fds, fds))  # one fd free\n"
         "for run in (discover_node, discover_bounded):\n"

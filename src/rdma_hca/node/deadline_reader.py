@@ -2,7 +2,7 @@
 
 A sysfs read can hang in a driver (mlx5 waiting on stuck firmware) and nothing can
 interrupt it. So every call here runs its reads in a thread of its own, and whoever waits
-for the answer watches that thread (``node.reads.Watch``): the event loop itself for the
+for the answer watches that thread (``node.file_reads.Watch``): the event loop itself for the
 daemon's calls, which costs one thread hand-off a call, the calling thread for the
 tools'.
 
@@ -36,10 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rdma_hca.kit.workers import WORKERS, NoThread
-from rdma_hca.node.discovery import Discovery
-from rdma_hca.node.model import NodeInventory
-from rdma_hca.node.parse import printable
-from rdma_hca.node.reads import (
+from rdma_hca.node.file_reads import (
     Abandoned,
     DiscoveryFailed,
     GuardedReads,
@@ -47,16 +44,16 @@ from rdma_hca.node.reads import (
     StuckFiles,
     Watch,
 )
-from rdma_hca.node.sysfs import (
+from rdma_hca.node.inventory import Discovery
+from rdma_hca.node.model import NodeInventory
+from rdma_hca.node.port_polls import (
     PortStates,
     listed_hcas,
     port_counters_of,
     port_states_of,
 )
-from rdma_hca.node.walk import StrPath
-
-__all__ = ["DEFAULT_DEADLINE", "DiscoveryFailed", "Glance", "NodeReader", "ReadStalled",
-           "discover_bounded"]
+from rdma_hca.node.sysfs_values import printable
+from rdma_hca.node.sysfs_walk import StrPath
 
 T = TypeVar("T")
 PortCounters = dict[tuple[str, int], dict[str, int]]

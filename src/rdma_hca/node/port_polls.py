@@ -1,8 +1,8 @@
-"""The node's RDMA facts from sysfs: full discovery, and the two cheap reads polled often.
+"""The two cheap reads of the node polled often: port states and port counters.
 
-``discover_node`` (in ``node.discovery``) reads everything; the health watcher polls
-``read_port_states`` and the metrics read ``read_port_counters``. All three read in the
-calling thread with no deadline; ``node.reader.NodeReader`` runs them off the event loop
+The health watcher polls ``read_port_states`` and the metrics read ``read_port_counters``;
+``discover_node`` (in ``node.inventory``) reads everything else. They read in the calling
+thread with no deadline; ``node.deadline_reader.NodeReader`` runs them off the event loop
 with one.
 """
 
@@ -11,33 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from rdma_hca.node.discovery import discover_node, is_port_entry
-from rdma_hca.node.parse import (
-    DEV_DIR,
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.file_reads import Reads, ReadStalled, check_exhausted
+from rdma_hca.node.inventory import is_port_entry
+from rdma_hca.node.sysfs_values import (
     MAX_COUNTER,
     UNKNOWN,
-    decode,
+    attribute_text,
     display_name,
     is_number,
-    natural_key,
     phys_state,
     port_state,
     safe_name,
-    unusable_warning,
 )
-from rdma_hca.node.reads import Reads, ReadStalled, check_exhausted
-from rdma_hca.node.walk import StrPath
-
-__all__ = [
-    "DEV_DIR",
-    "HW_PREFIX",
-    "UNKNOWN",
-    "discover_node",
-    "natural_key",
-    "read_port_counters",
-    "read_port_states",
-    "unusable_warning",
-]
+from rdma_hca.node.sysfs_walk import StrPath
 
 PortStates = dict[tuple[str, int], tuple[str, str]]
 
@@ -153,7 +140,7 @@ def _read_counters(io: Reads, directory: str, prefix: str, into: dict[str, int])
             except OSError as err:
                 check_exhausted(err)
                 continue  # some counters answer EOPNOTSUPP on some devices; stuck ones too
-            text = decode(raw)
+            text = attribute_text(raw)
             if text is not None and len(text) <= 20 and is_number(text):
                 value = int(text)
                 if value <= MAX_COUNTER:

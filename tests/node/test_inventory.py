@@ -13,15 +13,11 @@ from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim import specs as sim_specs
+from rdma_hca.kit.text import natural_key
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
-from rdma_hca.node.sysfs import (
-    HW_PREFIX,
-    UNKNOWN,
-    discover_node,
-    natural_key,
-    read_port_counters,
-    read_port_states,
-)
+from rdma_hca.node.port_polls import HW_PREFIX, read_port_counters, read_port_states
+from rdma_hca.node.sysfs_values import UNKNOWN
 
 
 @pytest.fixture(scope="module")
@@ -585,10 +581,11 @@ def test_odd_gid_table_entries_are_named_and_skipped(tmp_path: Path) -> None:
 
 
 def test_readers_only_tests_use_live_with_the_tests() -> None:
-    from rdma_hca.node import sysfs
+    from rdma_hca.node import inventory, port_polls
 
-    assert not hasattr(sysfs, "discover")
-    assert not hasattr(sysfs, "read_netns_mode")
+    for module in (port_polls, inventory):
+        assert not hasattr(module, "discover")
+        assert not hasattr(module, "read_netns_mode")
 
 
 def test_the_gpus_are_found_with_their_pcie_root(tmp_path: Path) -> None:

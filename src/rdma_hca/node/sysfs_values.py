@@ -11,8 +11,6 @@ import math
 import os
 import re
 
-# Re-exported: the node modules sort names with it.
-from rdma_hca.kit.text import natural_key as natural_key
 from rdma_hca.node.model import GidKind, LinkLayer
 
 DEV_DIR = "/dev/infiniband"
@@ -29,8 +27,8 @@ NETNS_MODES = {"Y": "shared", "1": "shared", "N": "exclusive", "0": "exclusive"}
 
 # The names the kernel prints after the number (drivers/infiniband/core/sysfs.c); the
 # number is what the driver reported, so it decides when the text disagrees.
-PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-PHYS_STATES = {
+PORT_STATE_NAMES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATE_NAMES = {
     1: "Sleep",
     2: "Polling",
     3: "Disabled",
@@ -87,7 +85,7 @@ def display_name(name: str) -> str:
     return printable(name)
 
 
-def decode(raw: bytes) -> str | None:
+def attribute_text(raw: bytes) -> str | None:
     """Attribute text without the trailing newline, or None if it is not printable text."""
     try:
         text = raw.decode("utf-8").strip()
@@ -121,7 +119,7 @@ def parse_state(raw: bytes, names: dict[int, str]) -> tuple[str, str | None] | N
     match the number, so discovery can say so; a number the kernel has no name for is
     UNKNOWN.
     """
-    text = decode(raw)
+    text = attribute_text(raw)
     m = _STATE.fullmatch(text) if text is not None else None
     if m is None:
         return None
@@ -134,12 +132,12 @@ def parse_state(raw: bytes, names: dict[int, str]) -> tuple[str, str | None] | N
 
 def port_state(raw: bytes) -> str:
     """The quiet form the port-state poll uses: a state name or UNKNOWN."""
-    parsed = parse_state(raw, PORT_STATES)
+    parsed = parse_state(raw, PORT_STATE_NAMES)
     return UNKNOWN if parsed is None else parsed[0]
 
 
 def phys_state(raw: bytes) -> str:
-    parsed = parse_state(raw, PHYS_STATES)
+    parsed = parse_state(raw, PHYS_STATE_NAMES)
     return UNKNOWN if parsed is None else parsed[0]
 
 

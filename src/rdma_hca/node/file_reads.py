@@ -3,7 +3,7 @@
 A sysfs attribute is produced by a driver when it is read; a driver waiting on stuck HCA
 firmware makes the read hang, and no timeout in Python can interrupt it. So reads are
 not interrupted but watched: the reading thread says what it is reading (``Watch``), a
-supervisor (``node.reader``) notices a read that passes its deadline, gives that thread
+supervisor (``node.deadline_reader``) notices a read that passes its deadline, gives that thread
 up and remembers the path as stuck. Until the hung read returns, every read of that path
 answers at once with ``ReadStalled``, so at most one thread ever hangs on one file.
 
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from rdma_hca.node.parse import MAX_READ, printable
+from rdma_hca.node.sysfs_values import MAX_READ, printable
 
 T = TypeVar("T")
 

@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
-from rdma_hca.node.discovery import discover_node
+from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.node.parse import (
-    PHYS_STATES,
-    PORT_STATES,
+from rdma_hca.node.port_polls import listed_hcas, read_port_counters, read_port_states
+from rdma_hca.node.sysfs_values import (
+    PHYS_STATE_NAMES,
+    PORT_STATE_NAMES,
     UNKNOWN,
     parse_state,
     printable,
     rate_gbps,
     unused_gid,
 )
-from rdma_hca.node.sysfs import listed_hcas, read_port_counters, read_port_states
 
 
 def _inventory(node: sim.SimNode) -> NodeInventory:
@@ -166,12 +166,12 @@ def test_non_utf8_names_are_escaped_and_the_hca_is_not_offered(
 
 
 def test_parse_state_rules() -> None:
-    assert parse_state(b"4: ACTIVE\n", PORT_STATES) == ("ACTIVE", None)
-    assert parse_state(b"5: Polling\n", PHYS_STATES) == ("LinkUp", "Polling")
-    assert parse_state(b"7: Phy Test\n", PHYS_STATES) == ("Phy Test", None)
-    assert parse_state(b"9: LinkUp\n", PHYS_STATES) == (UNKNOWN, "LinkUp")
-    assert parse_state(b"5: \xffUp\n", PHYS_STATES) is None
-    assert parse_state(b"LinkUp\n", PHYS_STATES) is None
+    assert parse_state(b"4: ACTIVE\n", PORT_STATE_NAMES) == ("ACTIVE", None)
+    assert parse_state(b"5: Polling\n", PHYS_STATE_NAMES) == ("LinkUp", "Polling")
+    assert parse_state(b"7: Phy Test\n", PHYS_STATE_NAMES) == ("Phy Test", None)
+    assert parse_state(b"9: LinkUp\n", PHYS_STATE_NAMES) == (UNKNOWN, "LinkUp")
+    assert parse_state(b"5: \xffUp\n", PHYS_STATE_NAMES) is None
+    assert parse_state(b"LinkUp\n", PHYS_STATE_NAMES) is None
 
 
 def test_gid_and_rate_rules() -> None:
