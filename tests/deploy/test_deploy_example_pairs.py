@@ -82,7 +82,7 @@ def test_the_claim_is_16_requests_and_10_constraints() -> None:
     constraints = claim["constraints"]
     assert len(constraints) == 10
     pairs = [c for c in constraints if c.get("matchAttribute") == ROOT]
-    assert sorted(c["requests"] for c in pairs) == [[g, h] for g, h in zip(GPUS, HCAS)]
+    assert sorted(c["requests"] for c in pairs) == [[g, h] for g, h in zip(GPUS, HCAS, strict=True)]
     (distinct,) = [c for c in constraints if "distinctAttribute" in c]
     assert distinct == {"requests": HCAS, "distinctAttribute": BUS}
     (fabric,) = [c for c in constraints if c.get("matchAttribute") == f"{DRIVER}/linkLayer"]
