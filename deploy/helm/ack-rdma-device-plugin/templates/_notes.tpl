@@ -71,7 +71,7 @@ show it (device.driver == "{{ .Values.dra.driverName }}") it also matches the no
 claim for one HCA may get every HCA of the node, and a selector on hcaName fails the
 allocation ("no such key: hcaName"). Add
   && device.attributes["{{ .Values.dra.driverName }}"].kind == "hca"
-as the chart's DeviceClass {{ .Values.dra.driverName }} does (docs/dra.md).
+(the chart's DeviceClass {{ .Values.dra.driverName }} already keeps all-hcas out; docs/dra.md).
 {{- end }}
 Drain a node before it moves from the device plugin to DRA (docs/dra.md).
 {{- end }}
