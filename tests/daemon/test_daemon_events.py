@@ -1,5 +1,6 @@
 """The daemon's Node Events with events.enabled and the device plugin alone: a port down
-and back on the Node, and a refused config said on the Node before the start fails."""
+and back on the Node, an HCA leaving sysfs and coming back, and a refused config said on
+the Node before the start fails."""
 
 from __future__ import annotations
 
@@ -53,6 +54,25 @@ async def test_the_device_plugin_tells_the_node_of_a_port_down_and_back(
     assert "mlx5_0" in down["note"] and down["type"] == "Warning"
     (up,) = api.events(reason="HcaPortUp", kind="Node", name=NODE)
     assert up["type"] == "Normal"
+
+
+async def test_an_hca_that_leaves_sysfs_and_comes_back_is_told_both_ways(
+        node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
+        api: FakeApiServer) -> None:
+    """A driver reload: the HCA's sysfs entry and device nodes go, then come back."""
+    d = Daemon(settings(node, plugin_dir), netlink=False)
+    await d.start()
+    try:
+        node.remove_hca("mlx5_3")
+        assert await wait_until(lambda: bool(api.events(reason="HcaDeviceGone")), 10)
+        node.add_hca(node.specs["mlx5_3"])
+        assert await wait_until(lambda: bool(api.events(reason="HcaDeviceBack")), 10)
+    finally:
+        await d.stop()
+    (gone,) = api.events(reason="HcaDeviceGone", kind="Node", name=NODE)
+    assert "mlx5_3" in gone["note"] and gone["type"] == "Warning"
+    (back,) = api.events(reason="HcaDeviceBack", kind="Node", name=NODE)
+    assert "mlx5_3" in back["note"] and back["type"] == "Normal"
 
 
 async def test_without_events_enabled_the_device_plugin_sends_nothing(

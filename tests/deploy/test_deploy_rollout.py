@@ -131,6 +131,21 @@ def test_with_dra_alone_each_instance_is_probed_on_its_own(render: RenderFn) -> 
     assert "emptyDir" in vol
 
 
+# CPU of one `python -m rdma_hca.tools.probe` call, measured on a busy machine (a third
+# of it was the probe's own imports before they were cut; docs/dra.md has the figures).
+EXEC_PROBE_CPU_MS = 22.0
+
+
+def test_with_dra_alone_the_exec_probes_take_under_a_third_of_the_cpu_request(
+        render: RenderFn) -> None:
+    (c,) = pod_spec(render(ALONE))["containers"]
+    request = c["resources"]["requests"]["cpu"]
+    assert request.endswith("m")
+    per_second = sum(EXEC_PROBE_CPU_MS / c[kind]["periodSeconds"]
+                     for kind in ("livenessProbe", "readinessProbe") if "exec" in c[kind])
+    assert per_second < int(request[:-1]) / 3, (per_second, request)
+
+
 def test_with_the_device_plugin_the_probes_stay_http(render: RenderFn) -> None:
     (c,) = pod_spec(render({}))["containers"]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}

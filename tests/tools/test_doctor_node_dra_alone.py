@@ -35,7 +35,9 @@ class Instance:
     """One daemon's real HTTP endpoints (TCP port and probe socket) on a loop of its own."""
 
     def __init__(self, status: Status, address: str, probe_socket: str) -> None:
-        self.server = MetricsServer(lambda: status, address, probe_socket=probe_socket)
+        # Two pods of a DRA-alone DaemonSet: the port is shared, as the daemon shares it.
+        self.server = MetricsServer(lambda: status, address, probe_socket=probe_socket,
+                                    share_port=True)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 

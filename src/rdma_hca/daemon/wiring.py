@@ -303,7 +303,10 @@ class Daemon:
                                    collectors=[self.allocations.latency],
                                    on_scrape=self.health.want_counters,
                                    max_connections=self.settings.http.max_connections,
-                                   probe_socket=self.probe_socket)
+                                   probe_socket=self.probe_socket,
+                                   # Two pods of one DaemonSet overlap only with DRA alone.
+                                   share_port=(self.dra is not None and bool(self.settings.pod_uid)
+                                               and not self.settings.device_plugin_enabled))
             await server.start()
             self.http = server
             await self.health.refresh_counters()

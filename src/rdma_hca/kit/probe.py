@@ -7,14 +7,20 @@ carries the pod's UID and it sits in the pod's own scratch directory, so an exec
 (``python -m rdma_hca.tools.probe readyz``) asks exactly the pod it runs in.
 
 The client is the standard library only and blocking: a probe runs every few seconds
-as a process of its own, and what it imports is what it costs.
+as a process of its own, and what it imports is what it costs. So it imports no more than
+the interpreter has loaded already: the C socket module rather than ``socket`` (which
+loads ``selectors``, ``enum`` and more), and its types only for the type checker.
 """
 
 from __future__ import annotations
 
+import _socket
 import os
-import socket
-from collections.abc import Mapping
+
+# Not typing.TYPE_CHECKING: importing typing would cost the probe what it saves.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # sun_path holds 108 bytes with the terminating NUL.
 UNIX_PATH_MAX = 107
@@ -41,26 +47,28 @@ class ProbeError(Exception):
 
 def ask(path: str, endpoint: str, timeout: float) -> tuple[int, str]:
     """GET ``endpoint`` from the instance at ``path``: (HTTP status, body)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         s.settimeout(timeout)
-        try:
-            s.connect(path)
-            s.sendall(f"GET {endpoint} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
-            data = b""
-            while len(data) < MAX_ANSWER:
-                chunk = s.recv(MAX_ANSWER - len(data))
-                if not chunk:
-                    break
-                data += chunk
-        except FileNotFoundError:
-            raise ProbeError(f"no probe socket at {path}: the daemon has not started its "
-                             "HTTP endpoints yet, or runs in another pod") from None
-        except TimeoutError:
-            raise ProbeError(f"the daemon at {path} did not answer within {timeout:g} s") \
-                from None
-        except OSError as exc:
-            raise ProbeError(f"cannot ask the daemon at {path}: {exc.strerror or exc}") \
-                from None
+        s.connect(path)
+        s.sendall(f"GET {endpoint} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        data = b""
+        while len(data) < MAX_ANSWER:
+            chunk = s.recv(MAX_ANSWER - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except FileNotFoundError:
+        raise ProbeError(f"no probe socket at {path}: the daemon has not started its "
+                         "HTTP endpoints yet, or runs in another pod") from None
+    except TimeoutError:
+        raise ProbeError(f"the daemon at {path} did not answer within {timeout:g} s") \
+            from None
+    except OSError as exc:
+        raise ProbeError(f"cannot ask the daemon at {path}: {exc.strerror or exc}") \
+            from None
+    finally:
+        s.close()
     head, _, body = data.partition(b"\r\n\r\n")
     parts = head.split(b" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():

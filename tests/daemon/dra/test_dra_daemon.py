@@ -326,3 +326,34 @@ async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
         await old.stop()
         await kubelet.stop()
         shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("pod_uid", "device_plugin"), [("", False), ("pod-b", True)],
+                         ids=["dra-alone-without-pod-uid", "dra-beside-the-device-plugin"])
+async def test_the_metrics_port_is_shared_only_in_a_dra_alone_rolling_update(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch, pod_uid: str, device_plugin: bool) -> None:
+    """Beside an instance that shares the port, a daemon whose pods never overlap (no pod
+    UID, or the device plugin on) is refused it before it serves anything."""
+    from rdma_hca.daemon.observe.httpserver import BindError, MetricsServer
+    from rdma_hca.daemon.observe.status import Status
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    running = MetricsServer(lambda: Status(version="other"), "127.0.0.1:0", share_port=True)
+    await running.start()
+    apart: dict[str, object] = {} if not device_plugin else {
+        "pools": (PoolConfig(selectors=Selectors(names=("mlx5_0",))),),
+        "dra": DraConfig(enabled=True, start_jitter_seconds=0,
+                         selectors=Selectors(names=("mlx5_[123]",)))}
+    daemon = Daemon(_settings(dra_node, kubelet_root, tmp_path, pod_uid=pod_uid,
+                              device_plugin_enabled=device_plugin,
+                              metrics_address=f"127.0.0.1:{running.bound_port}", **apart),
+                    netlink=False)
+    try:
+        with pytest.raises(BindError, match="already in use"):
+            await daemon.start()
+        assert daemon.http is None
+        assert api.slices(NODE) == []
+    finally:
+        await daemon.stop()
+        await running.stop()

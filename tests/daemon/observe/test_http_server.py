@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from test_serve_process import free_port, metric_samples, serve, serve_argv
+from test_serve_process import child_env, free_port, metric_samples, serve, serve_argv
 
 from rdma_hca.daemon.observe.httpserver import MetricsServer, split_address
 from rdma_hca.daemon.observe.status import PoolStatus, Status
@@ -124,3 +124,23 @@ async def test_metrics_address_in_use_is_one_line_and_exit_2(node: SimNode,
     assert "--metrics-address" in lines[0] and "already in use" in lines[0]
     assert not any("rdma-hca" in p.name and p.name.endswith(".sock")
                    for p in plugin_dir.iterdir())
+
+
+@pytest.mark.parametrize("env", [{}, {"POD_UID": "pod-b"}], ids=["no-pod-uid", "pod-uid"])
+async def test_a_port_shared_by_a_dra_alone_instance_is_refused_to_the_device_plugin(
+        node: SimNode, plugin_dir: Path, env: dict[str, str]) -> None:
+    """A second release beside a DRA-alone one: the device plugin does not share the
+    port (its pods never overlap), so it stops with the one line and exit 2."""
+    running = MetricsServer(lambda: STATUS, "127.0.0.1:0", share_port=True)
+    await running.start()
+    port = running.bound_port
+    try:
+        async with serve(serve_argv(node, plugin_dir, metrics_port=port),
+                         child_env(**env)) as proc:
+            assert await proc.wait_exit() == 2
+        lines = [line for line in proc.lines if f"127.0.0.1:{port}" in line]
+        assert len(lines) == 1, proc.stderr
+        assert "--metrics-address" in lines[0] and "already in use" in lines[0]
+        assert (await get("127.0.0.1", port, "/metrics"))[0] == 200  # still the first's
+    finally:
+        await running.stop()

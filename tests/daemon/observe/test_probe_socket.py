@@ -49,9 +49,9 @@ async def test_two_instances_share_the_port_and_each_answers_its_own_probes(
         probe_dir: str) -> None:
     port = free_port()
     old = MetricsServer(lambda: NOT_READY, f"127.0.0.1:{port}",
-                        probe_socket=probe_socket_path(probe_dir, "pod-old"))
+                        probe_socket=probe_socket_path(probe_dir, "pod-old"), share_port=True)
     new = MetricsServer(lambda: READY, f"127.0.0.1:{port}",
-                        probe_socket=probe_socket_path(probe_dir, "pod-new"))
+                        probe_socket=probe_socket_path(probe_dir, "pod-new"), share_port=True)
     await old.start()
     try:
         await new.start()  # beside the old one: no "already in use"
@@ -82,10 +82,34 @@ async def test_a_port_held_by_another_program_is_still_a_bind_error(probe_dir: s
         taken.listen()
         port = taken.getsockname()[1]
         server = MetricsServer(lambda: READY, f"127.0.0.1:{port}",
-                               probe_socket=probe_socket_path(probe_dir, "pod-a"))
+                               probe_socket=probe_socket_path(probe_dir, "pod-a"),
+                               share_port=True)
         with pytest.raises(BindError, match="already in use"):
             await server.start()
     assert not os.path.exists(probe_socket_path(probe_dir, "pod-a"))
+
+
+@pytest.mark.parametrize(("first", "second"), [(False, False), (True, False), (False, True)],
+                         ids=["neither-shares", "second-does-not", "first-does-not"])
+async def test_an_instance_that_does_not_share_is_refused_the_port(
+        probe_dir: str, first: bool, second: bool) -> None:
+    """Outside a DRA-alone rolling update (a second release, a second serve) the port is
+    one instance's: the other is refused, never answering the first's probes."""
+    port = free_port()
+    running = MetricsServer(lambda: READY, f"127.0.0.1:{port}",
+                            probe_socket=probe_socket_path(probe_dir, "pod-a"), share_port=first)
+    await running.start()
+    try:
+        other = MetricsServer(lambda: NOT_READY, f"127.0.0.1:{port}",
+                              probe_socket=probe_socket_path(probe_dir, "pod-b"),
+                              share_port=second)
+        with pytest.raises(BindError, match="already in use"):
+            await other.start()
+        assert not os.path.exists(probe_socket_path(probe_dir, "pod-b"))
+        for _ in range(3):
+            assert (await get("127.0.0.1", port, "/readyz"))[0] == 200
+    finally:
+        await running.stop()
 
 
 async def test_a_socket_left_by_the_previous_container_is_replaced(probe_dir: str) -> None:

@@ -150,6 +150,57 @@ async def test_device_nodes_gone_and_back(
     assert on_node(api, "HcaPortDown") == []  # its ports are not told one by one
 
 
+async def test_an_hca_that_leaves_the_node_and_comes_back_is_told_both_ways(
+        node: SimNode, api: FakeApiServer, recorder: EventRecorder) -> None:
+    events = NodeEvents(recorder, NODE)
+    events.observe(read(node))
+    node.remove_hca("mlx5_3")  # a driver reload: its sysfs entry and device nodes go
+    events.observe(read(node))
+    events.observe(read(node))  # still gone: nothing more to tell
+    node.add_hca(node.specs["mlx5_3"])
+    events.observe(read(node))
+    events.observe(read(node))
+    assert await recorder.drain(10)
+    (gone,) = on_node(api, "HcaDeviceGone")
+    assert gone["type"] == "Warning" and "the HCA mlx5_3 is gone from the node" in gone["note"]
+    (back,) = on_node(api, "HcaDeviceBack")
+    assert back["type"] == "Normal"
+    assert back["note"] == "the HCA mlx5_3 is back on the node: it is offered again"
+    assert on_node(api, "HcaPortDown") == [] and on_node(api, "HcaPortUp") == []
+
+
+async def test_a_return_is_told_after_several_leave_and_only_the_kept_ones(
+        node: SimNode, api: FakeApiServer, recorder: EventRecorder) -> None:
+    events = NodeEvents(recorder, NODE, vanished_kept=2)
+    events.observe(read(node))
+    for name in ("mlx5_1", "mlx5_2", "mlx5_3"):  # mlx5_1, the longest gone, is forgotten
+        node.remove_hca(name)
+        events.observe(read(node))
+    for name in ("mlx5_1", "mlx5_2", "mlx5_3"):
+        node.add_hca(node.specs[name])
+    events.observe(read(node))
+    assert await recorder.drain(10)
+    assert len(on_node(api, "HcaDeviceGone")) == 3
+    backs = sorted(e["note"] for e in on_node(api, "HcaDeviceBack"))
+    assert backs == [f"the HCA {name} is back on the node: it is offered again"
+                     for name in ("mlx5_2", "mlx5_3")]
+
+
+async def test_an_hca_back_with_its_port_down_is_told_so(
+        node: SimNode, api: FakeApiServer, recorder: EventRecorder) -> None:
+    events = NodeEvents(recorder, NODE)
+    events.observe(read(node))
+    node.remove_hca("mlx5_4")
+    events.observe(read(node))
+    node.add_hca(node.specs["mlx5_4"])
+    node.set_port("mlx5_4", up=False)
+    events.observe(read(node))
+    assert await recorder.drain(10)
+    assert len(on_node(api, "HcaDeviceBack")) == 1
+    (down,) = on_node(api, "HcaPortDown")
+    assert "port 1 of the HCA mlx5_4 is down" in down["note"]
+
+
 async def test_only_offered_hcas_are_told_and_a_port_down_at_start_is(
         node: SimNode, api: FakeApiServer, recorder: EventRecorder) -> None:
     node.set_port("mlx5_0", up=False)

@@ -112,6 +112,14 @@ pod: the kubelet dials the socket paths the driver reports, which are paths on t
 {{- end -}}
 
 {{/*
+"true" when the DRA driver publishes the node-wide device all-hcas: shared mode with
+dra.nodeDevice not false (values reused from a chart without the key mean it, as before).
+*/}}
+{{- define "rdma.draNodeDevice" -}}
+{{- if and (ne (toString .Values.dra.mode) "exclusive") (ne (toString .Values.dra.nodeDevice) "false") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 The daemon refuses to start with nothing to offer, or with the device plugin pools and the
 DRA driver both taking every HCA (the same HCA offered twice). Both are known here, so they
 fail the install instead of every pod. Overlapping names are left to the daemon, which
@@ -260,6 +268,9 @@ dra:
   claimApiBurst: {{ .Values.dra.claimApiBurst }}
   resyncSeconds: {{ .Values.dra.resyncSeconds }}
   startJitterSeconds: {{ .Values.dra.startJitterSeconds }}
+  {{- if eq (toString .Values.dra.nodeDevice) "false" }}
+  nodeDevice: false
+  {{- end }}
   {{- if .Values.dra.selectors }}
   selectors:
     {{- toYaml .Values.dra.selectors | nindent 4 }}

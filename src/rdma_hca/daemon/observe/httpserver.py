@@ -8,12 +8,15 @@ of connections must not take the file descriptors discovery needs; a client over
 cap gets 503 at once and the connection is closed.
 
 Two instances share the TCP port during a rolling update of the DRA driver alone (the
-new pod starts beside the old one on the host network): the port is bound with
-SO_REUSEPORT, which the kernel grants only to sockets of the same user that all ask for
-it, so a second instance of ours shares it while any other program holding the port
-still makes the start fail with "already in use". Which instance answers a TCP request
-is then the kernel's choice; what must be an instance's own (its probes) is also served
-on its probe socket (``rdma_hca.kit.probe``), a unix socket named after its pod.
+new pod starts beside the old one on the host network): only then (``share_port``) is the
+port bound with SO_REUSEPORT, which the kernel grants only to sockets of the same user
+that all ask for it, so a second instance of the same DaemonSet shares it while any other
+program holding the port still makes the start fail with "already in use". Which instance
+answers a TCP request is then the kernel's choice; what must be an instance's own (its
+probes) is also served on its probe socket (``rdma_hca.kit.probe``), a unix socket named
+after its pod. In every other mode the port is this instance's alone: a second release
+on the node, or a second ``serve``, is refused with "already in use" instead of sharing
+the port and answering the other's liveness.
 """
 
 from __future__ import annotations
@@ -62,9 +65,11 @@ class MetricsServer:
                  collectors: Iterable[Collector] = (),
                  on_scrape: Callable[[], None] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
-                 probe_socket: str | None = None) -> None:
+                 probe_socket: str | None = None,
+                 share_port: bool = False) -> None:
         self.status = status
         self.probe_socket = probe_socket
+        self.share_port = share_port
         self.address = address
         self.host, self.port = split_address(address)
         self.collectors = tuple(collectors)
@@ -85,7 +90,7 @@ class MetricsServer:
     async def start(self) -> None:
         try:
             self._server = await asyncio.start_server(self._accept, self.host, self.port,
-                                                      reuse_port=True)
+                                                      reuse_port=self.share_port)
         except OSError as exc:
             why = ("the address is already in use" if exc.errno == errno.EADDRINUSE
                    else exc.strerror or str(exc))

@@ -5,6 +5,8 @@ What happened to which HCA is compared from one inventory to the next; only chan
 told. A flapping port is one episode: while the health watcher holds its HCA down
 (flapHoldSeconds) it counts as down, and without a hold its downs are repeats of one
 Warning (the recorder counts them into that Event's series) and its ups of one Normal.
+An HCA that leaves the node (a driver reload, a firmware reset) is remembered as gone, a
+bounded number of them, so that its return is told too.
 
 The Events are about the Node. The kubelet's own name them with the node's name as UID,
 which is where ``kubectl describe node`` looks, so these do too and need no read of the
@@ -40,6 +42,9 @@ PORT_UP = "HcaPortUp"
 DEVICE_GONE = "HcaDeviceGone"
 DEVICE_BACK = "HcaDeviceBack"
 CONFIG_REFUSED = "ConfigRefused"
+# HCAs remembered after they left the node, so their return is told; past this many the
+# longest gone is forgotten (a node has a few dozen HCAs at most).
+VANISHED_KEPT = 256
 
 
 def node_ref(node: str) -> ObjectRef:
@@ -67,12 +72,16 @@ class NodeEvents:
     """``observe(inventory)`` after each discovery; Events for what changed since the last."""
 
     def __init__(self, recorder: EventRecorder, node: str,
-                 wanted: Callable[[Hca], bool] = lambda hca: True) -> None:
+                 wanted: Callable[[Hca], bool] = lambda hca: True, *,
+                 vanished_kept: int = VANISHED_KEPT) -> None:
         self.recorder = recorder
         self.node = node
         self.wanted = wanted
+        self.vanished_kept = vanished_kept
         self._ports: dict[tuple[str, int], bool] | None = None  # (HCA, port) -> up
         self._devices: dict[str, bool] = {}  # HCA -> its device nodes are there
+        # HCAs that left the node, oldest first; each is in _devices as not there.
+        self._vanished: dict[str, None] = {}
 
     def observe(self, inventory: NodeInventory) -> None:
         hcas = {h.name: h for h in inventory.hcas if self.wanted(h)}
@@ -88,8 +97,7 @@ class NodeEvents:
             if was and not now:
                 self._tell(DEVICE_GONE, WARNING, _gone_note(name, hcas.get(name)))
             elif now and not was:
-                self._tell(DEVICE_BACK, NORMAL, f"the HCA {name}'s device nodes are back: "
-                           "it is offered again")
+                self._tell(DEVICE_BACK, NORMAL, _back_note(name, name in self._vanished))
         for key in sorted(set(before_ports) | set(ports)):
             name, number = key
             if name not in hcas:
@@ -103,7 +111,18 @@ class NodeEvents:
                            "on the node")
             elif now and not was and not first:
                 self._tell(PORT_UP, NORMAL, f"port {number} of the HCA {name} is up again")
-        self._ports, self._devices = ports, devices
+        self._ports, self._devices = ports, self._remember_vanished(devices)
+
+    def _remember_vanished(self, devices: dict[str, bool]) -> dict[str, bool]:
+        """``devices`` and, as not there, the HCAs that left the node: without them an
+        HCA's return would look like no change."""
+        for name in sorted(self._devices.keys() - devices.keys()):
+            self._vanished.setdefault(name)
+        for name in devices:
+            self._vanished.pop(name, None)
+        while len(self._vanished) > self.vanished_kept:
+            del self._vanished[next(iter(self._vanished))]
+        return devices | dict.fromkeys(self._vanished, False)
 
     def refused(self, message: str) -> None:
         """The daemon refuses its config at start: said on the Node before it exits."""
@@ -123,6 +142,12 @@ class NodeEvents:
 
 def _devices_there(hca: Hca) -> bool:
     return hca.uverbs is not None and hca.uverbs.present
+
+
+def _back_note(name: str, vanished: bool) -> str:
+    if vanished:
+        return f"the HCA {name} is back on the node: it is offered again"
+    return f"the HCA {name}'s device nodes are back: it is offered again"
 
 
 def _gone_note(name: str, hca: Hca | None) -> str:
