@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rdma_hca.contract.dra import GROUP
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
 from rdma_hca.settings.config import BY_KEY, ConfigError, flags_in, given_value
 from rdma_hca.tools.doctor import slices as dra
@@ -124,7 +125,7 @@ def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:
     are reported on one line instead of failing the whole doctor."""
     try:
         slices = _read(client, lambda: client.resource_slices(driver), "list",
-                       "resourceslices", dra.GROUP, None)
+                       "resourceslices", GROUP, None)
     except NotFoundError:
         return dra.DraData(driver, available=False, slices=None)
     except AccessError as exc:
@@ -136,7 +137,7 @@ def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:
     if slices:
         return dra.DraData(driver, available=True, slices=slices)
     try:
-        classes = _read(client, client.device_classes, "list", "deviceclasses", dra.GROUP,
+        classes = _read(client, client.device_classes, "list", "deviceclasses", GROUP,
                         None)
     except NotFoundError:
         classes = []
@@ -150,7 +151,7 @@ def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:
 
 
 def _denied(exc: ApiError) -> str:
-    return f"RBAC denied list resourceslices.{dra.GROUP} at cluster scope ({exc})"
+    return f"RBAC denied list resourceslices.{GROUP} at cluster scope ({exc})"
 
 
 def _read(

@@ -4,7 +4,7 @@ The checkpoint lists the claims prepared on this node and, per device, the share
 scheduler allocated with the bandwidth each consumed (DRAConsumableCapacity). A claim of
 the node-wide device (``rdma/hca`` through DRA) holds no one HCA and no bandwidth: it is
 listed apart, with the HCAs it was given. It is read
-with the driver's own format reader (``kit/dra_checkpoint``), bounded by the read
+with the driver's own format reader (``contract/checkpoint``), bounded by the read
 deadline like every read of the machine: a file on a hung disk is a failed check, not a
 doctor that never ends.
 """
@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE, CheckpointError, Claims, load_checkpoint
+from rdma_hca.contract.checkpoint import CHECKPOINT_FILE, CheckpointError, Claims, load_checkpoint
+from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.node.model import Hca
 from rdma_hca.tools.doctor.result import Check
-from rdma_hca.tools.doctor.slices import NODE_DEVICE, NODE_WIDE
+from rdma_hca.tools.doctor.slices import NODE_WIDE
 
 SUBJECT = "node"
 

@@ -26,20 +26,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rdma_hca.contract.dra import (
+    GROUP,
+    HCA_COUNT,
+    HCA_NAME,
+    KIND,
+    KIND_NODE,
+    LINK_STATE,
+    RESYNC_SECONDS,
+)
 from rdma_hca.settings.config import DEFAULT_DRA_DRIVER_NAME
 from rdma_hca.tools.doctor.result import Check
 
 DEFAULT_DRIVER = DEFAULT_DRA_DRIVER_NAME
-GROUP = "resource.k8s.io"
 RBAC_FIX = (
     "kubectl create clusterrole rdma-hca-doctor-dra --verb=list "
     f"--resource=resourceslices.{GROUP},deviceclasses.{GROUP} && kubectl create "
     "clusterrolebinding rdma-hca-doctor-dra --clusterrole=rdma-hca-doctor-dra --user=<you>"
 )
-RESYNC_SECONDS = 60  # the driver's resync, which also deletes its node's extra slices
-# The driver's ``kind`` attribute of its node-wide device; per-HCA devices say ``hca``.
-KIND, KIND_NODE = "kind", "node"
-NODE_DEVICE = "all-hcas"  # its name, which the driver gives no HCA's device
 NODE_WIDE = "the node-wide device (rdma/hca through DRA)"
 
 
@@ -165,10 +169,10 @@ def _hca_devices(slices: Sequence[Mapping[str, Any]], driver: str
 def _node_wide(slices: Sequence[Mapping[str, Any]], driver: str) -> NodeWide | None:
     for device in _devices(slices):
         if is_node_wide(device, driver):
-            count = _attribute(device, driver, "hcaCount", "int")
+            count = _attribute(device, driver, HCA_COUNT, "int")
             return NodeWide(str(device.get("name", "?")),
                             count if isinstance(count, int) else None,
-                            _attribute(device, driver, "linkState", "string"),
+                            _attribute(device, driver, LINK_STATE, "string"),
                             tuple(str(t.get("key", "")) for t in device.get("taints") or []))
     return None
 
@@ -181,8 +185,8 @@ def _down_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> tuple[
     tainted = link_down = 0
     for s in slices:
         for device in _hca_devices([s], driver):
-            hca = _attribute(device, driver, "hcaName", "string")
-            state = _attribute(device, driver, "linkState", "string")
+            hca = _attribute(device, driver, HCA_NAME, "string")
+            state = _attribute(device, driver, LINK_STATE, "string")
             taints = [str(t.get("key", "")) for t in device.get("taints") or []]
             down = state == "down"
             tainted += bool(taints)
@@ -270,7 +274,7 @@ def judge_node(
                 f"{len(slices)} slices ({', '.join(names)}) in {len(pools)} pool(s) "
                 f"({', '.join(pools)}): the driver keeps one pool per node, {count} slice(s) "
                 f"at its current generation",
-                f"the driver deletes the others within {RESYNC_SECONDS} s; if they stay, read "
+                f"the driver deletes the others within {RESYNC_SECONDS:g} s; if they stay, read "
                 f"{logs} or delete them: kubectl delete resourceslice {gone}",
             ))
         elif len(current) > count:
