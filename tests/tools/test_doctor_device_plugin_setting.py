@@ -14,7 +14,7 @@ from rdma_hca.devkit.kube.objects import daemonset, node, pod, resource_slice
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.settings.config import BY_KEY, ConfigError, Settings
 from rdma_hca.tools.doctor import main as doctor_main
-from rdma_hca.tools.doctor.cluster import device_plugin_enabled
+from rdma_hca.tools.doctor.clusternodes import device_plugin_enabled
 
 SETTING = BY_KEY["devicePlugin.enabled"]
 VAR = SETTING.env[0]

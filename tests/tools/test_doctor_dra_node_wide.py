@@ -28,6 +28,7 @@ from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.sysfs import discover_node
 from rdma_hca.settings.config import Mode
 from rdma_hca.tools.doctor import main, slices
+from rdma_hca.tools.doctor.draobjects import parse_device
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)
 DRIVER = "rdma-hca.io"
@@ -71,7 +72,7 @@ def cells(row: list[str]) -> list[str]:
 
 
 def test_the_driver_publishes_what_the_doctor_looks_for(sim: SimNode) -> None:
-    wide = [d for d in published(sim) if slices.is_node_wide(d, DRIVER)]
+    wide = [d for d in published(sim) if slices.is_node_wide(parse_device(d), DRIVER)]
     assert [d["name"] for d in wide] == [NODE_DEVICE]
 
 

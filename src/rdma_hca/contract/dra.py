@@ -24,13 +24,25 @@ KIND_HCA = "hca"
 KIND_NODE = "node"
 NODE_DEVICE = "all-hcas"  # the node-wide device, a name no HCA's device is given
 
-# Attributes the driver publishes (a few of them: those tools and docs name).
-HCA_NAME = "hcaName"  # per-HCA devices only
-HCA_COUNT = "hcaCount"  # the node-wide device only
-LINK_STATE = "linkState"  # both: "up" or "down"
+# Attributes the driver publishes.
+LINK_STATE = "linkState"  # every device: "up" or "down"
+HCA_COUNT = "hcaCount"  # the node-wide device only: how many HCAs a claim of it gets
+HCA_NAME = "hcaName"  # per-HCA devices only, from here on
+NETDEV = "netdev"
+LINK_LAYER = "linkLayer"
+RATE_GBPS = "rateGbps"
+VENDOR = "vendor"
+FIRMWARE = "firmware"
+NODE_GUID = "nodeGUID"
+ROCE_V2_IPV6 = "roceV2IPv6"
 PCIE_ROOT = f"{STANDARD}/pcieRoot"
 PCI_BUS_ID = f"{STANDARD}/pciBusID"
 NUMA_NODE = f"{STANDARD}/numaNode"
+# What a selector may name of a per-HCA device that the node-wide device lacks: a class
+# naming one without selecting on ``kind`` fails allocation on the node-wide device
+# ("CEL runtime error: no such key").
+HCA_ONLY_ATTRIBUTES = frozenset({HCA_NAME, NETDEV, LINK_LAYER, RATE_GBPS, VENDOR, FIRMWARE,
+                                 NODE_GUID, ROCE_V2_IPV6, PCIE_ROOT, PCI_BUS_ID, NUMA_NODE})
 
 # Consumable capacities.
 BANDWIDTH = "bandwidth"  # per-HCA devices in shared mode: bits per second
