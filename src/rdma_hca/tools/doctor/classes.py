@@ -80,15 +80,15 @@ def trap_check(classes: Sequence[DeviceClass], driver: str) -> Check | None:
     described = []
     for c in traps:
         only = hca_only_attributes(c, driver)
-        fails = (f": its selector names {', '.join(only)}, which {NODE_DEVICE} lacks, so "
+        fails = (f" (its selector names {', '.join(only)}, which {NODE_DEVICE} lacks: "
                  "allocation fails for every claim of it with \"CEL runtime error: no such "
-                 f"key: {only[0]}\"") if only else ""
+                 f"key: {only[0]}\")") if only else ""
         described.append(f"{c.name}{fails}")
     return Check(
         "cluster", TITLE.format(driver=driver), False,
-        f"{len(traps)} select(s) {driver} without selecting the kind of device, so they also "
-        f"match the node-wide device {NODE_DEVICE} (every HCA of a node): a claim for "
-        f"\"an HCA\" may get the whole node; {'; '.join(described)}",
+        f"{len(traps)} select {driver} without selecting the kind of device: "
+        f"{', '.join(described)}. They also match the node-wide device {NODE_DEVICE} (every "
+        "HCA of a node), so a claim for \"an HCA\" may get the whole node",
         f"add {hca_selector(driver)} to the class's selector (as the chart's class "
         f"{driver} does), e.g. kubectl edit deviceclass {traps[0].name}",
     )
