@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
 
 from rdma_hca.tools.doctor import classes
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData, ClusterReport, DaemonSetRow, NodeRow
 from rdma_hca.tools.doctor.clusternodes import CHART_DIR, daemonset_row, judge_node
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.workloads import Pod
 
 
 def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterReport:
@@ -31,21 +30,17 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
             "cluster", "nodes", False, "the API server lists 0 nodes",
             "join the RDMA nodes to the cluster and wait until kubectl get nodes shows them",
         ))
-    ds_selector: Mapping[str, str] = {}
-    if data.daemonset is not None:
-        tmpl = data.daemonset.get("spec", {}).get("template", {}).get("spec", {}) or {}
-        ds_selector = tmpl.get("nodeSelector") or {}
-    pods_by_node: dict[str, list[Mapping[str, Any]]] = {}
+    ds_selector = data.daemonset.node_selector if data.daemonset is not None else {}
+    pods_by_node: dict[str, list[Pod]] = {}
     for pod in data.pods:
-        node_name = pod.get("spec", {}).get("nodeName")
-        if node_name and not pod.get("metadata", {}).get("deletionTimestamp"):
-            pods_by_node.setdefault(str(node_name), []).append(pod)
+        if pod.node_name and not pod.deleting:
+            pods_by_node.setdefault(pod.node_name, []).append(pod)
     judge_dra = data.dra is not None and data.dra.slices is not None and dra.in_use(data.dra)[0]
     slices_by_node = dra.by_node(data.dra.slices or []) if data.dra is not None else {}
     rows: list[NodeRow] = []
     dra_rows: list[dra.NodeSlices] = []
-    for node in sorted(data.nodes, key=lambda n: str(n.get("metadata", {}).get("name", ""))):
-        name = str(node.get("metadata", {}).get("name", ""))
+    for node in sorted(data.nodes, key=lambda n: n.name):
+        name = node.name
         node_slices = slices_by_node.get(name, [])
         node_row, node_checks = judge_node(
             node, pods_by_node, resource, ds_selector, data, kns, ds_ref, bool(node_slices)

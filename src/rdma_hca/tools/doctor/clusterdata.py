@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rdma_hca.tools.doctor.result import Check
 from rdma_hca.tools.doctor.slices import DraData, DraReport
+from rdma_hca.tools.doctor.workloads import DaemonSet, Node, Pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +41,9 @@ class ClusterData:
 
     namespace: str
     name: str
-    daemonset: Mapping[str, Any] | None
-    nodes: Sequence[Mapping[str, Any]]
-    pods: Sequence[Mapping[str, Any]]
+    daemonset: DaemonSet | None
+    nodes: Sequence[Node]
+    pods: Sequence[Pod]
     dra: DraData | None = None  # None: DRA was not looked at
 
 

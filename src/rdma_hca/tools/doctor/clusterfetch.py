@@ -8,7 +8,7 @@ report still stands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rdma_hca.contract.dra import GROUP
@@ -16,6 +16,7 @@ from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData
 from rdma_hca.tools.doctor.draobjects import DeviceClass, parse_device_class, parse_slice
 from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
+from rdma_hca.tools.doctor.workloads import Pod, parse_daemonset, parse_node, parse_pod
 
 T = TypeVar("T")
 
@@ -35,15 +36,15 @@ def fetch(
 ) -> ClusterData:
     """Read the DaemonSet, every node, the DaemonSet's pods and (unless ``driver`` is None)
     the DRA driver's ResourceSlices."""
-    daemonset: Mapping[str, Any] | None = _read(
-        client, lambda: client.daemonset(namespace, name), "get", "daemonsets", "apps",
-        namespace)
-    nodes = _read(client, client.nodes, "list", "nodes", "", None)
-    pods: list[dict[str, Any]] = []
+    found = _read(client, lambda: client.daemonset(namespace, name), "get", "daemonsets",
+                  "apps", namespace)
+    daemonset = parse_daemonset(found) if found is not None else None
+    nodes = [parse_node(n) for n in _read(client, client.nodes, "list", "nodes", "", None)]
+    pods: list[Pod] = []
     if daemonset is not None:
-        selector = daemonset.get("spec", {}).get("selector") or {}
-        pods = _read(client, lambda: client.pods(namespace, selector), "list", "pods", "",
-                     namespace)
+        selector = daemonset.selector
+        pods = [parse_pod(p) for p in _read(
+            client, lambda: client.pods(namespace, selector), "list", "pods", "", namespace)]
     dra_data = fetch_dra(client, driver) if driver is not None else None
     return ClusterData(namespace, name, daemonset, nodes, pods, dra_data)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from fractions import Fraction
 
 from rdma_hca.kit.quantity import QuantityError, format_quantity, parse_quantity
 from rdma_hca.settings.config import BY_KEY, ConfigError, flags_in, given_value
 from rdma_hca.tools.doctor.clusterdata import ClusterData, DaemonSetRow, NodeRow
 from rdma_hca.tools.doctor.result import Check
+from rdma_hca.tools.doctor.workloads import DaemonSet, Node, Pod
 
 RDMA_LABELS: tuple[tuple[str, str], ...] = (
     ("feature.node.kubernetes.io/rdma.available", "true"),
@@ -65,55 +66,25 @@ def _parse_time(text: str | None) -> dt.datetime | None:
         return None
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
-
-
-def daemonset_row(ds: Mapping[str, Any], now: dt.datetime) -> DaemonSetRow:
-    meta, spec, status = ds.get("metadata", {}), ds.get("spec", {}), ds.get("status", {})
-    node_selector = (spec.get("template", {}).get("spec", {}) or {}).get("nodeSelector") or {}
-    created = _parse_time(meta.get("creationTimestamp"))
+def daemonset_row(ds: DaemonSet, now: dt.datetime) -> DaemonSetRow:
+    created = _parse_time(ds.created)
     age = human_duration((now - created).total_seconds()) if created else "<unknown>"
     return DaemonSetRow(
-        name=str(meta.get("name", "")),
-        desired=_int(status.get("desiredNumberScheduled")),
-        current=_int(status.get("currentNumberScheduled")),
-        ready=_int(status.get("numberReady")),
-        up_to_date=_int(status.get("updatedNumberScheduled")),
-        available=_int(status.get("numberAvailable")),
-        node_selector=",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>",
+        name=ds.name,
+        desired=ds.desired,
+        current=ds.current,
+        ready=ds.ready,
+        up_to_date=ds.up_to_date,
+        available=ds.available,
+        node_selector=",".join(f"{k}={v}" for k, v in sorted(ds.node_selector.items()))
+        or "<none>",
         age=age,
     )
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def _pod_problem(pod: Mapping[str, Any]) -> str:
-    """The most telling reason a pod is not ready, e.g. "CrashLoopBackOff"."""
-    status = pod.get("status", {})
-    for cs in status.get("containerStatuses") or []:
-        for key in ("waiting", "terminated"):
-            reason = (cs.get("state", {}).get(key) or {}).get("reason")
-            if reason:
-                return str(reason)
-    return str(status.get("phase") or "not ready")
-
-
-def _node_ready(node: Mapping[str, Any]) -> bool:
-    for cond in node.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def _quantity(node: Mapping[str, Any], section: str, resource: str) -> tuple[str | None, Any]:
+def _quantity(quantities: Mapping[str, str], resource: str) -> tuple[str | None, Fraction | None]:
     """``(kubectl text, exact value)`` of a resource in status.capacity/allocatable."""
-    raw = (node.get("status", {}).get(section) or {}).get(resource)
+    raw = quantities.get(resource)
     if raw is None:
         return None, None
     try:
@@ -125,8 +96,8 @@ def _quantity(node: Mapping[str, Any], section: str, resource: str) -> tuple[str
 
 
 def judge_node(
-    node: Mapping[str, Any],
-    pods_by_node: Mapping[str, list[Mapping[str, Any]]],
+    node: Node,
+    pods_by_node: Mapping[str, list[Pod]],
     resource: str,
     ds_selector: Mapping[str, str],
     data: ClusterData,
@@ -134,20 +105,18 @@ def judge_node(
     ds_ref: str,
     has_slices: bool = False,
 ) -> tuple[NodeRow, list[Check]]:
-    meta = node.get("metadata", {})
-    name = str(meta.get("name", ""))
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    name, labels = node.name, node.labels
     labelled = any(labels.get(k) == v for k, v in RDMA_LABELS)
-    cap_text, cap = _quantity(node, "capacity", resource)
-    alloc_text, alloc = _quantity(node, "allocatable", resource)
+    cap_text, cap = _quantity(node.capacity, resource)
+    alloc_text, alloc = _quantity(node.allocatable, resource)
     pods = pods_by_node.get(name, [])
-    ready_pods = [p for p in pods if _pod_ready(p)]
+    ready_pods = [p for p in pods if p.ready]
     chosen = ready_pods or pods
     pod = chosen[0] if chosen else None
-    pod_name = str(pod.get("metadata", {}).get("name", "")) if pod is not None else None
+    pod_name = pod.name if pod is not None else None
     checks: list[Check] = []
     if pod is not None and pod_name is not None:
-        checks.append(_pod_check(name, node, pod, bool(ready_pods), kns))
+        checks.append(_pod_check(node, pod, kns))
         try:
             plugin_off = device_plugin_enabled(pod) is False
         except (ConfigError, argparse.ArgumentError) as exc:
@@ -190,41 +159,35 @@ def judge_node(
     return row, checks
 
 
-def device_plugin_enabled(pod: Mapping[str, Any]) -> bool | None:
+def device_plugin_enabled(pod: Pod) -> bool | None:
     """Whether the pod serves the device plugin (False: the DRA driver alone, the chart's
     devicePlugin.enabled=false), read from a container's flags and variables as serve reads
     them; None when none sets it (the config file, out of doctor's sight, or the default
     decides). A value serve refuses raises what serve says of it."""
-    for container in pod.get("spec", {}).get("containers") or []:
-        words = [str(w) for w in [*(container.get("command") or []),
-                                  *(container.get("args") or [])]]
-        # A variable taken from a ConfigMap or Secret is out of sight too.
-        env = {str(e.get("name")): str(e.get("value", "")) for e in container.get("env") or []
-               if isinstance(e, dict) and "valueFrom" not in e}
-        enabled = given_value(_DEVICE_PLUGIN.key, env, flags_in(words, [_DEVICE_PLUGIN]))
+    for container in pod.containers:
+        enabled = given_value(_DEVICE_PLUGIN.key, container.env,
+                              flags_in(list(container.words), [_DEVICE_PLUGIN]))
         if enabled is not None:
             return bool(enabled)
     return None
 
 
-def _pod_check(
-    name: str, node: Mapping[str, Any], pod: Mapping[str, Any], ready: bool, kns: str
-) -> Check:
-    pod_name = pod.get("metadata", {}).get("name", "")
+def _pod_check(node: Node, pod: Pod, kns: str) -> Check:
+    name, pod_name = node.name, pod.name
     title = "plugin pod"
-    if ready:
+    if pod.ready:
         return Check(name, title, True, f"{pod_name} ready")
     fix = f"{kns} logs {pod_name} and {kns} describe pod {pod_name}"
-    if not _node_ready(node):
+    if not node.ready:
         fix = f"the node is NotReady, fix it first: kubectl describe node {name}; then {fix}"
-    return Check(name, title, False, f"{pod_name} not ready ({_pod_problem(pod)})", fix)
+    return Check(name, title, False, f"{pod_name} not ready ({pod.problem})", fix)
 
 
 def _resource_check(
     name: str,
     resource: str,
-    capacity: tuple[str | None, Any],
-    allocatable: tuple[str | None, Any],
+    capacity: tuple[str | None, Fraction | None],
+    allocatable: tuple[str | None, Fraction | None],
     kns: str,
     pod_name: str,
 ) -> Check:
@@ -255,7 +218,7 @@ def _missing_pod_check(
     labelled: bool,
     ds_selector: Mapping[str, str],
     resource: str,
-    cap: Any,
+    cap: Fraction | None,
     data: ClusterData,
     kns: str,
     ds_ref: str,
