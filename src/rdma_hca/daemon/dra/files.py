@@ -4,7 +4,8 @@ The spec is built by the one CDI builder (``offer/cdi.py``) and written like eve
 the daemon owns (temp file, fsync, rename: containerd notices only a spec written or
 renamed inside its directory). Its annotations name the claim and, per device, the pool,
 the device, the HCA and the requests: that is what lets a lost checkpoint be rebuilt
-from the specs. Everything here blocks; the driver runs it off the loop.
+from the specs. The spec's kind, its devices' names and the annotation keys are the
+contract's (``contract/cdi.py``). Everything here blocks; the driver runs it off the loop.
 """
 
 from __future__ import annotations
