@@ -1,15 +1,21 @@
 """The folder tree is the architecture: which wing may import which, and no import cycles.
 
-| wing     | may import                       |
-|----------|----------------------------------|
-| kit      | nothing of the package           |
-| node     | kit                              |
-| settings | node, kit                        |
-| kube     | kit                              |
-| daemon   | settings, kube, node, kit        |
-| tools    | settings, kube, node, kit        |
-| devkit   | anything                         |
-| top      | anything (``rdma_hca.cli``)      |
+| wing     | may import                                 |
+|----------|--------------------------------------------|
+| kit      | nothing of the package                     |
+| contract | kit                                        |
+| node     | kit                                        |
+| settings | contract, node, kit                        |
+| kube     | kit                                        |
+| daemon   | settings, contract, kube, node, kit        |
+| tools    | settings, contract, kube, node, kit        |
+| devkit   | anything                                   |
+| top      | anything (``rdma_hca.cli``)                |
+
+``contract`` is the DRA driver's wire format (device kinds and names, attribute, capacity,
+taint and annotation names, the checkpoint's format, the CDI specs' names): the daemon
+writes it and ``doctor`` reads it, and ``tools`` may not import the daemon, so it lives
+below both. ``settings`` reads the defaults it holds (the resync period).
 
 Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use every room;
 the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
@@ -29,14 +35,15 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "rdma_hca"
-WINGS = ("kit", "node", "settings", "kube", "daemon", "tools", "devkit")
+WINGS = ("kit", "contract", "node", "settings", "kube", "daemon", "tools", "devkit")
 ALLOWED: dict[str, set[str]] = {
     "kit": set(),
+    "contract": {"kit"},
     "node": {"kit"},
-    "settings": {"node", "kit"},
+    "settings": {"contract", "node", "kit"},
     "kube": {"kit"},
-    "daemon": {"settings", "kube", "node", "kit"},
-    "tools": {"settings", "kube", "node", "kit"},
+    "daemon": {"settings", "contract", "kube", "node", "kit"},
+    "tools": {"settings", "contract", "kube", "node", "kit"},
     "devkit": set(WINGS),
     "": set(WINGS),  # rdma_hca/__init__.py, rdma_hca/cli.py
 }

@@ -19,7 +19,7 @@ from test_deploy_dra import _GPU, _OLD, _published
 from test_deploy_guard import rendered_notes
 from vap_emulator import device_selected
 
-from rdma_hca.settings.config import Mode
+from rdma_hca.settings.model import Mode
 
 ALONE = {"dra.enabled": "true", "devicePlugin.enabled": "false"}
 OFF = {**ALONE, "dra.nodeDevice": "false"}

@@ -16,8 +16,8 @@ from dra_allocator import Allocation, Published, allocate
 
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
-from rdma_hca.node.sysfs import discover_node
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 
 EXAMPLE = REPO / "examples" / "dra-8gpu-paired-job.yaml"
 DRIVER = "rdma-hca.io"

@@ -143,7 +143,8 @@ def _templates(name: str) -> list[dict[str, Any]]:
 
 
 def _bandwidth_asked(request: dict[str, Any]) -> int:
-    from rdma_hca.daemon.dra.devices import BANDWIDTH, BANDWIDTH_STEP
+    from rdma_hca.contract.dra import BANDWIDTH
+    from rdma_hca.daemon.dra.devices import BANDWIDTH_STEP
 
     asked = request["exactly"]["capacity"]["requests"]
     assert set(asked) == {f"rdma-hca.io/{BANDWIDTH}"}  # the name the driver publishes

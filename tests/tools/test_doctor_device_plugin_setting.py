@@ -15,7 +15,8 @@ from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.settings.decl import BY_KEY
 from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.doctor import main as doctor_main
-from rdma_hca.tools.doctor.cluster import device_plugin_enabled
+from rdma_hca.tools.doctor.clusternodes import device_plugin_enabled
+from rdma_hca.tools.doctor.workloads import parse_pod
 
 SETTING = BY_KEY["devicePlugin.enabled"]
 VAR = SETTING.env[0]
@@ -63,7 +64,7 @@ def doctor_reads(words: list[str], env: dict[str, str]) -> bool | str | None:
     spec = pod("ack-rdma-dp-ds-7x2kq", "e01-cn-a", env=env)
     spec["spec"]["containers"][0]["args"] = ["serve", *words]
     try:
-        return device_plugin_enabled(spec)
+        return device_plugin_enabled(parse_pod(spec))
     except (ConfigError, argparse.ArgumentError) as exc:
         return str(exc)
 

@@ -24,6 +24,7 @@ from rdma_hca.devkit.kube.objects import (
     resource_slice,
 )
 from rdma_hca.tools.doctor import main
+from rdma_hca.tools.doctor.draobjects import parse_device_class
 from rdma_hca.tools.doctor.slices import selects_driver
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)
@@ -413,7 +414,8 @@ def test_fake_server_selects_slices_by_field_like_the_real_one(url: str) -> None
     ('device.driver != "rdma-hca.io"', False),
 ])
 def test_device_class_selecting_the_driver(expression: str, selected: bool) -> None:
-    assert selects_driver(device_class("c", expression), "rdma-hca.io") is selected
+    parsed = parse_device_class(device_class("c", expression))
+    assert selects_driver(parsed, "rdma-hca.io") is selected
 
 
 def test_server_error_on_slices_fails_that_check_only(

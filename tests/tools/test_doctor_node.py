@@ -315,7 +315,7 @@ def test_non_utf8_names_do_not_crash_the_doctor(host: Host, tmp_path: Path) -> N
 
 
 def _checkpoint(plugins: Path, claims: dict[str, Any], driver: str = "rdma-hca.io") -> Path:
-    from rdma_hca.kit.dra_checkpoint import encode
+    from rdma_hca.contract.checkpoint import encode
 
     path = plugins / driver / "checkpoint.json"
     path.parent.mkdir(parents=True)
@@ -324,7 +324,7 @@ def _checkpoint(plugins: Path, claims: dict[str, Any], driver: str = "rdma-hca.i
 
 
 def _claim(ns: str, name: str, hca: str, *bandwidths: int) -> Any:
-    from rdma_hca.kit.dra_checkpoint import PreparedClaim, PreparedDevice, Share
+    from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 
     device = hca.replace("_", "-")
     return PreparedClaim(ns, name, (PreparedDevice(
@@ -389,7 +389,7 @@ def test_inside_the_plugin_pod_the_checkpoint_is_found_from_its_settings(
 
 def _node_wide_claim(ns: str, name: str, hcas: str, shares: int = 1) -> Any:
     """A claim of the node-wide device as the driver records it: every HCA it gave."""
-    from rdma_hca.kit.dra_checkpoint import PreparedClaim, PreparedDevice, Share
+    from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 
     return PreparedClaim(ns, name, (PreparedDevice(
         ("rdma-hca",), "node-a", "all-hcas", hcas, ("rdma-hca.io/claim=u-all-hcas",),
@@ -398,10 +398,6 @@ def _node_wide_claim(ns: str, name: str, hcas: str, shares: int = 1) -> Any:
 
 def test_node_wide_claims_are_listed_apart_and_hold_no_hca(
         host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rdma_hca.daemon.dra.devices import NODE_DEVICE
-    from rdma_hca.tools.doctor.slices import NODE_DEVICE as DOCTORS
-
-    assert DOCTORS == NODE_DEVICE  # the doctor may not import the driver: same name
     plugins = tmp_path / "plugins"
     # One claim gave both HCAs, one was prepared when only mlx5_0 was usable: neither
     # holds an HCA, though "mlx5_0" is the name of one.
@@ -425,3 +421,55 @@ def test_node_wide_claims_are_listed_apart_and_hold_no_hca(
          "hcas": ["mlx5_0", "mlx5_1"], "shareIDs": ["share-x-0", "share-x-1"]},
         {"namespace": "web", "name": "y", "uid": "u3", "hcaCount": 1, "hcas": ["mlx5_0"],
          "shareIDs": ["share-y-0"]}]}
+
+
+def test_each_hca_shows_the_claims_on_it_that_hold_no_bandwidth(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugins = tmp_path / "plugins"
+    # The scheduler keeps the bandwidth held under the rate, counting only claims that
+    # ask: a share of 0, no share at all and node-wide claims use the HCA uncounted.
+    _checkpoint(plugins, {"u1": _claim("train", "a", "mlx5_0", 100 * 10**9),
+                          "u2": _claim("web", "plain", "mlx5_0", 0),
+                          "u3": _claim("web", "none", "mlx5_1"),
+                          "u4": _node_wide_claim("web", "x", "mlx5_0,mlx5_1"),
+                          "u5": _node_wide_claim("web", "y", "mlx5_0")})
+    assert host.doctor("--plugins-dir", str(plugins)) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.split()[:3] == [
+        "HCA", "HOLDING", "BANDWIDTH"]), None)
+    assert start is not None, out
+    assert [c.strip() for c in lines[start].split("   ") if c.strip()] == [
+        "HCA", "HOLDING BANDWIDTH", "HOLDING NONE", "NODE-WIDE", "NOT COUNTED AGAINST THE RATE"]
+    rows = [[c.strip() for c in line.split("   ") if c.strip()]
+            for line in lines[start + 1:start + 3]]
+    assert rows == [
+        ["mlx5_0", "1", "1", "2", "web/plain, web/x (node-wide), web/y (node-wide)"],
+        ["mlx5_1", "0", "1", "1", "web/none, web/x (node-wide)"]]
+    assert ("✓ DRA bandwidth: 5 prepared claim(s); 1 HCA(s) with bandwidth held; the "
+            "node-wide device (rdma/hca through DRA) held by 2 claim(s): web/x (hcaCount 2), "
+            "web/y (hcaCount 1); not counted against the rate: 2 claim(s) holding no "
+            "bandwidth and 2 node-wide claim(s), on mlx5_0 (3), mlx5_1 (2) (the scheduler "
+            "counts only claims that ask for bandwidth)") in out
+    assert host.doctor("--plugins-dir", str(plugins), "--json") == 0
+    hcas = json.loads(capsys.readouterr().out)["draShares"]["hcas"]
+    assert hcas[0]["heldBitsPerSecond"] == 100 * 10**9
+    assert hcas[0]["claimsHoldingNone"] == [{"namespace": "web", "name": "plain", "uid": "u2"}]
+    assert hcas[0]["nodeWideClaims"] == [{"namespace": "web", "name": "x", "uid": "u4"},
+                                         {"namespace": "web", "name": "y", "uid": "u5"}]
+    assert hcas[1]["claimsHoldingNone"] == [{"namespace": "web", "name": "none", "uid": "u3"}]
+    assert hcas[1]["nodeWideClaims"] == [{"namespace": "web", "name": "x", "uid": "u4"}]
+
+
+def test_when_every_claim_holds_bandwidth_nothing_is_uncounted(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugins = tmp_path / "plugins"
+    _checkpoint(plugins, {"u1": _claim("train", "a", "mlx5_0", 100 * 10**9),
+                          "u2": _claim("train", "b", "mlx5_1", 10**9)})
+    assert host.doctor("--plugins-dir", str(plugins)) == 0
+    out = capsys.readouterr().out
+    assert "HOLDING NONE" not in out and "not counted" not in out
+    assert out.count("✓ DRA bandwidth: 2 prepared claim(s); 2 HCA(s) with bandwidth held\n") == 1
+    assert host.doctor("--plugins-dir", str(plugins), "--json") == 0
+    hcas = json.loads(capsys.readouterr().out)["draShares"]["hcas"]
+    assert [(h["claimsHoldingNone"], h["nodeWideClaims"]) for h in hcas] == [([], []), ([], [])]

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from rdma_hca.contract.dra import RESYNC_SECONDS
 from rdma_hca.kit.text import short_repr
 from rdma_hca.node.model import Hca
 
@@ -34,7 +35,7 @@ DEFAULT_API_BURST = 10
 # reads of NodePrepareResources come at the pace the kubelet starts pods.
 DEFAULT_CLAIM_API_QPS = 50.0
 DEFAULT_CLAIM_API_BURST = 100
-DEFAULT_DRA_RESYNC_SECONDS = 60.0
+DEFAULT_DRA_RESYNC_SECONDS = RESYNC_SECONDS  # the driver's wire contract says it
 DEFAULT_DRA_START_JITTER_SECONDS = 5.0
 
 

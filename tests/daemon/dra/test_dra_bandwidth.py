@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import (
+from rdma_hca.contract.checkpoint import (
     PreparedClaim,
     PreparedDevice,
     Share,
     decode,
     encode,
 )
-from rdma_hca.daemon.dra.devices import NODE_DEVICE, Offer
+from rdma_hca.contract.dra import NODE_DEVICE
+from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
@@ -236,7 +237,7 @@ def test_shares_round_trip_and_an_older_file_still_loads() -> None:
 @pytest.mark.parametrize("shares", [{"id": "x"}, [{"id": "x", "bandwidth": -1}],
                                     [{"id": "x", "bandwidth": "1G"}], [{"bandwidth": 1}]])
 def test_malformed_shares_make_the_checkpoint_unreadable(shares: object) -> None:
-    from rdma_hca.daemon.dra.checkpoint import CheckpointError, checksum
+    from rdma_hca.contract.checkpoint import CheckpointError, checksum
 
     body = {"u": {"namespace": "ns", "name": "c", "devices": [
         {"request_names": ["hca"], "pool": NODE, "device": "mlx5-0", "hca": "mlx5_0",

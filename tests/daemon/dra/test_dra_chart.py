@@ -211,3 +211,13 @@ def test_gpu_and_hca_example_aligns_on_the_attribute_the_driver_publishes() -> N
     (c,) = seed_dra["spec"]["template"]["spec"]["containers"]
     assert c["resources"] == {"claims": [{"name": "devices"}]}
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+
+
+def test_the_charts_classes_are_none_the_doctor_calls_a_trap(dra_render: RenderFn) -> None:
+    from rdma_hca.tools.doctor.classes import trapping
+    from rdma_hca.tools.doctor.draobjects import parse_device_class
+
+    for values in (ON, {**ON, "dra.mode": "exclusive"}):
+        classes = [parse_device_class(o) for o in dra_render(values) if o["kind"] == "DeviceClass"]
+        assert len(classes) == 2
+        assert trapping(classes, "rdma-hca.io") == []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import (
+from rdma_hca.contract.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
     PreparedClaim,

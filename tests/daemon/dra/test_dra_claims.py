@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import PreparedDevice
+from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimKeeper, ClaimRef, parse_claim
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.devkit.dra.stage import DraStage

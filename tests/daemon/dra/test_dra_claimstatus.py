@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.files import PreparedDevice
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.kube.apiserver import FakeApiServer

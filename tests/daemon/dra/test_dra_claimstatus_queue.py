@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.files import PreparedDevice
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.dra.stage import DraStage, with_changes

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.deviceplugin.pool import Allocation, select, shared_ids
-from rdma_hca.daemon.dra.devices import NODE_DEVICE, Offer, hca_device_names
+from rdma_hca.daemon.dra.devices import Offer, hca_device_names
 from rdma_hca.daemon.dra.slices import split
 from rdma_hca.daemon.offer.cdi import build_spec
 from rdma_hca.daemon.offer.env import EnvSettings

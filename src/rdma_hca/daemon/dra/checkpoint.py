@@ -1,6 +1,6 @@
 """Which claims are prepared, kept on disk across restarts and shared between instances.
 
-The format is ``kit/dra_checkpoint.py``'s (the doctor reads it too): versioned, with a
+The format is ``contract/checkpoint.py``'s (the doctor reads it too): versioned, with a
 checksum of its claims; version 1 (no checksum) is read and written back as the current
 version. Two instances of the driver run side by side during a
 rolling update: both write this one file, always as read-modify-write under a lock
@@ -24,16 +24,14 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 
-from rdma_hca.kit.dra_checkpoint import CHECKPOINT_VERSION as CHECKPOINT_VERSION
-from rdma_hca.kit.dra_checkpoint import CheckpointError as CheckpointError
-from rdma_hca.kit.dra_checkpoint import Claims as Claims
-from rdma_hca.kit.dra_checkpoint import PreparedClaim as PreparedClaim
-from rdma_hca.kit.dra_checkpoint import PreparedDevice as PreparedDevice
-from rdma_hca.kit.dra_checkpoint import Share as Share
-from rdma_hca.kit.dra_checkpoint import checksum as checksum
-from rdma_hca.kit.dra_checkpoint import decode as decode
-from rdma_hca.kit.dra_checkpoint import encode as encode
-from rdma_hca.kit.dra_checkpoint import load_checkpoint as load_checkpoint
+from rdma_hca.contract.checkpoint import (
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    Claims,
+    PreparedClaim,
+    encode,
+    load_checkpoint,
+)
 from rdma_hca.kit.files import write_atomic
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.daemon.dra.claims import ClaimRef
-from rdma_hca.daemon.dra.kubeapi import GROUP_VERSION
 from rdma_hca.kube.eventbody import WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder
 

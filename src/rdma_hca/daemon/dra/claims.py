@@ -23,18 +23,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from rdma_hca.daemon.dra import files, metadata
-from rdma_hca.daemon.dra.checkpoint import (
+from rdma_hca.contract.cdi import cdi_id
+from rdma_hca.contract.checkpoint import (
     CHECKPOINT_VERSION,
-    Checkpoint,
     CheckpointError,
     Claims,
     PreparedClaim,
     PreparedDevice,
     Share,
 )
+from rdma_hca.contract.dra import BANDWIDTH
+from rdma_hca.daemon.dra import files, metadata
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import BANDWIDTH
 from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.aio import cancel_all
@@ -476,7 +477,7 @@ class ClaimKeeper:
             if known is None:
                 devices[r.device] = PreparedDevice(
                     (r.request,), pool, r.device, ",".join(h.name for h in hcas[r.device]),
-                    (files.cdi_id(driver, claim.uid, r.device),), shares)
+                    (cdi_id(driver, claim.uid, r.device),), shares)
             else:
                 # A shared device can be in one claim twice (two requests, or rdma/hca: 2
                 # on the node-wide device; each with its share ID): one CDI device for every

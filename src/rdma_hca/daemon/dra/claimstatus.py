@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.offloop import OffLoop

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from rdma_hca.contract.checkpoint import CHECKPOINT_FILE
 from rdma_hca.daemon.offer.env import EnvSettings, env_settings
-from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE
 from rdma_hca.settings.model import DeviceMetadata, Mode, Selectors, Settings
 
 DRA_SOCKET = "dra.sock"

@@ -29,25 +29,26 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from rdma_hca.contract.dra import (
+    BANDWIDTH,
+    FLAPPING,
+    KIND,
+    KIND_HCA,
+    KIND_NODE,
+    LINK_DOWN_TAINT,
+    NODE_DEVICE,
+    SLOTS,
+    STANDARD,
+)
 from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.model import DEFAULT_RDMA_HCA_MAX, Mode
 
-STANDARD = "resource.kubernetes.io"
-LINK_DOWN_TAINT = "link-down"  # qualified with the driver name
-FLAPPING = "flapping"  # the taint's value while the HCA is held for flapping
-DEVICES_HASH_ANNOTATION = "devices-hash"  # qualified with the driver name
 MAX_DNS_LABEL = 63
-KIND = "kind"  # qualified with the driver name
-KIND_HCA = "hca"
-KIND_NODE = "node"
-NODE_DEVICE = "all-hcas"
-SLOTS = "slots"  # the node-wide device's capacity, qualified with the driver name
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
-BANDWIDTH = "bandwidth"  # the capacity, qualified with the driver name
 BANDWIDTH_STEP = 10**9  # bits per second: 1G
 
 

@@ -16,7 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.dra.claimevents import ClaimEvents
 from rdma_hca.daemon.dra.claims import (
     Claim,
@@ -29,7 +30,7 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import NODE_DEVICE, Offer
+from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher

@@ -4,7 +4,8 @@ The spec is built by the one CDI builder (``offer/cdi.py``) and written like eve
 the daemon owns (temp file, fsync, rename: containerd notices only a spec written or
 renamed inside its directory). Its annotations name the claim and, per device, the pool,
 the device, the HCA and the requests: that is what lets a lost checkpoint be rebuilt
-from the specs. Everything here blocks; the driver runs it off the loop.
+from the specs. The spec's kind, its devices' names and the annotation keys are the
+contract's (``contract/cdi.py``). Everything here blocks; the driver runs it off the loop.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import contextlib
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract import cdi
+from rdma_hca.contract.cdi import CDI_CLASS, cdi_device_name, cdi_id, cdi_kind, note
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
@@ -25,22 +27,9 @@ from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger(__name__)
 
-CDI_CLASS = "claim"
 # What the claim holds of each HCA's bandwidth: ``mlx5_0=100000000000,mlx5_3=0`` (bits
 # per second, in RDMA_HCA_DEVICES' order); set only when it holds some (docs/nccl.md).
 RDMA_HCA_BANDWIDTH = "RDMA_HCA_BANDWIDTH"
-
-
-def cdi_kind(driver: str) -> str:
-    return f"{driver}/{CDI_CLASS}"
-
-
-def cdi_device_name(claim_uid: str, device: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{claim_uid}-{device}")
-
-
-def cdi_id(driver: str, claim_uid: str, device: str) -> str:
-    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device)}"
 
 
 def _spec_prefix(driver: str) -> str:
@@ -80,22 +69,24 @@ def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
     devices = [
         CdiDevice(cdi_device_name(claim_uid, d.device),
                   [n for h in hcas[d.device] for n in h.device_nodes()], env,
-                  {f"{driver}/device": d.device, f"{driver}/pool": d.pool,
-                   f"{driver}/hca": d.hca, f"{driver}/requests": ",".join(d.request_names),
+                  {note(driver, cdi.DEVICE): d.device, note(driver, cdi.POOL): d.pool,
+                   note(driver, cdi.HCA): d.hca,
+                   note(driver, cdi.REQUESTS): ",".join(d.request_names),
                    **_share_notes(driver, d)},
                   tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
     return make_spec(cdi_kind(driver), devices, rdma_cm, {
-        f"{driver}/claim-uid": claim_uid, f"{driver}/claim-namespace": claim.namespace,
-        f"{driver}/claim-name": claim.name})
+        note(driver, cdi.CLAIM_UID): claim_uid,
+        note(driver, cdi.CLAIM_NAMESPACE): claim.namespace,
+        note(driver, cdi.CLAIM_NAME): claim.name})
 
 
 def _share_notes(driver: str, d: PreparedDevice) -> dict[str, str]:
     """The device's shares, ``<shareID>=<bits per second>`` each, comma-separated."""
     if not d.shares:
         return {}
-    return {f"{driver}/shares": ",".join(f"{s.share_id}={s.bandwidth}" for s in d.shares)}
+    return {note(driver, cdi.SHARES): ",".join(f"{s.share_id}={s.bandwidth}" for s in d.shares)}
 
 
 def _shares_of(text: object) -> tuple[Share, ...]:
@@ -123,22 +114,23 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
     """The claim a spec of ours describes, or None when it is not one of ours (or lacks
     the annotations, as specs written before they existed do)."""
     notes = spec.get("annotations") or {}
-    uid = notes.get(f"{driver}/claim-uid")
+    uid = notes.get(note(driver, cdi.CLAIM_UID))
     if spec.get("kind") != cdi_kind(driver) or not isinstance(uid, str):
         return None
     devices = []
     for d in spec.get("devices") or []:
         dn = d.get("annotations") or {}
-        device = dn.get(f"{driver}/device")
+        device = dn.get(note(driver, cdi.DEVICE))
         if not isinstance(device, str):
             return None
-        requests = str(dn.get(f"{driver}/requests", ""))
+        requests = str(dn.get(note(driver, cdi.REQUESTS), ""))
         devices.append(PreparedDevice(
-            tuple(requests.split(",")) if requests else (), str(dn.get(f"{driver}/pool", "")),
-            device, str(dn.get(f"{driver}/hca", "")), (cdi_id(driver, uid, device),),
-            _shares_of(dn.get(f"{driver}/shares"))))
-    claim = PreparedClaim(str(notes.get(f"{driver}/claim-namespace", "")),
-                          str(notes.get(f"{driver}/claim-name", "")), tuple(devices))
+            tuple(requests.split(",")) if requests else (),
+            str(dn.get(note(driver, cdi.POOL), "")), device,
+            str(dn.get(note(driver, cdi.HCA), "")), (cdi_id(driver, uid, device),),
+            _shares_of(dn.get(note(driver, cdi.SHARES)))))
+    claim = PreparedClaim(str(notes.get(note(driver, cdi.CLAIM_NAMESPACE), "")),
+                          str(notes.get(note(driver, cdi.CLAIM_NAME), "")), tuple(devices))
     return uid, claim
 
 

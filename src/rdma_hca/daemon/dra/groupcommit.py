@@ -15,7 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from rdma_hca.daemon.dra.checkpoint import Checkpoint, Claims, PreparedClaim
+from rdma_hca.contract.checkpoint import Claims, PreparedClaim
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
 
 T = TypeVar("T")
 Change = Callable[[Claims], Any]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
+from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, read_credentials
 from rdma_hca.kube.credentials import CredentialSearch
@@ -36,7 +37,6 @@ from rdma_hca.settings.model import (
 # The driver's code catches this name; it is the one client's error.
 KubeApiError = KubeError
 
-GROUP_VERSION = "resource.k8s.io/v1"
 SLICES = f"/apis/{GROUP_VERSION}/resourceslices"
 DRIVER_BUDGET = "driver"
 CLAIMS_BUDGET = "claims"

@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_hca.daemon.dra.checkpoint import PreparedClaim
+from rdma_hca.contract.checkpoint import PreparedClaim
 from rdma_hca.daemon.dra.devices import attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca

@@ -43,7 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rdma_hca.daemon.dra.devices import DEVICES_HASH_ANNOTATION, Offer
+from rdma_hca.contract.dra import DEVICES_HASH_ANNOTATION, GROUP_VERSION, SLICE_INDEX_ANNOTATION
+from rdma_hca.contract.dra import RESYNC_SECONDS as DEFAULT_RESYNC
+from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
@@ -51,8 +53,6 @@ from rdma_hca.kube.policy import Backoff, Sleep, jittered
 
 log = logging.getLogger(__name__)
 
-GROUP_VERSION = "resource.k8s.io/v1"
-SLICE_INDEX_ANNOTATION = "slice-index"  # qualified with the driver name
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
@@ -61,7 +61,6 @@ CONFLICT_RETRIES = 3
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 10.0
 DEFAULT_SPACING = 2.5
-DEFAULT_RESYNC = 60.0
 DEFAULT_RESYNC_JITTER = 0.2
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import grpc
 
+from rdma_hca.contract.cdi import cdi_device_name, cdi_id, cdi_kind
+from rdma_hca.contract.checkpoint import CHECKPOINT_VERSION
 from rdma_hca.daemon._proto.dra import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
@@ -67,7 +69,7 @@ class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
         self.io = io
         self.entries = {f"kept-{i}": {"namespace": "bench", "name": f"kept-{i}", "devices": [{
             "request_names": ["hca"], "pool": NODE, "device": "mlx5-0", "hca": "mlx5_0",
-            "cdi_ids": [f"{DRIVER}/claim=kept-{i}-mlx5-0"]}]} for i in range(prepared)}
+            "cdi_ids": [cdi_id(DRIVER, f"kept-{i}", "mlx5-0")]}]} for i in range(prepared)}
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         resp = dra_v1_pb2.NodePrepareResourcesResponse()
@@ -75,9 +77,9 @@ class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
             obj = await self.api.get_claim(c.namespace, c.name)
             result = obj["status"]["allocation"]["devices"]["results"][0]
             device = result["device"]
-            cdi_id = f"{DRIVER}/claim={c.uid}-{device}"
-            spec = {"cdiVersion": "0.6.0", "kind": f"{DRIVER}/claim", "devices": [{
-                "name": f"{c.uid}-{device}", "containerEdits": {"deviceNodes": [
+            ident = cdi_id(DRIVER, c.uid, device)
+            spec = {"cdiVersion": "0.6.0", "kind": cdi_kind(DRIVER), "devices": [{
+                "name": cdi_device_name(c.uid, device), "containerEdits": {"deviceNodes": [
                     {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/infiniband/uverbs0",
                      "permissions": "rw"}], "env": ["RDMA_HCA_DEVICES=mlx5_0"]}}]}
             entries = {**self.entries, c.uid: {"namespace": c.namespace, "name": c.name,
@@ -88,12 +90,13 @@ class _BareDra(dra_v1_pb2_grpc.DRAPluginServicer):
             def write(spec_path: str = spec_path, spec: Any = spec,
                       entries: Any = entries, checkpoint: str = checkpoint) -> None:
                 write_atomic(spec_path, json.dumps(spec, indent=2, sort_keys=True) + "\n")
-                write_atomic(checkpoint, json.dumps({"version": 2, "claims": entries},
-                                                    indent=1, sort_keys=True) + "\n", 0o600)
+                write_atomic(checkpoint, json.dumps(
+                    {"version": CHECKPOINT_VERSION, "claims": entries},
+                    indent=1, sort_keys=True) + "\n", 0o600)
 
             await self.io.run("bare prepare", write)
             resp.claims[c.uid].devices.add(request_names=[result["request"]], pool_name=NODE,
-                                           device_name=device, cdi_device_ids=[cdi_id])
+                                           device_name=device, cdi_device_ids=[ident])
         return resp
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:

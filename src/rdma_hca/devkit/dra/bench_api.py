@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rdma_hca.daemon.dra.slices import DEFAULT_RESYNC
+from rdma_hca.contract.dra import RESYNC_SECONDS
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
@@ -108,11 +108,11 @@ async def idle_per_minute(workdir: Path, seconds: float) -> Figure:
         elapsed = time.monotonic() - start
         sent = _driver_requests(s.api, mark)
     per_minute_here = len(sent) / elapsed * 60
-    scaled = per_minute_here * resync / DEFAULT_RESYNC
+    scaled = per_minute_here * resync / RESYNC_SECONDS
     return IDLE_PER_MINUTE.figure(
         round(scaled, 2),
         note=f"{len(sent)} requests in {elapsed:.1f} s at a {resync:g} s resync "
-             f"({_writes(sent)} writes), scaled to the default {DEFAULT_RESYNC:g} s")
+             f"({_writes(sent)} writes), scaled to the default {RESYNC_SECONDS:g} s")
 
 
 async def flapping(workdir: Path, seconds: float, hold: float) -> list[Figure]:

@@ -14,7 +14,17 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from rdma_hca.daemon.dra.devices import NODE_DEVICE
+from rdma_hca.contract.dra import (
+    BANDWIDTH,
+    HCA_COUNT,
+    HCA_NAME,
+    LINK_STATE,
+    NODE_DEVICE,
+    NUMA_NODE,
+    PCIE_ROOT,
+    SLOTS,
+    qualified,
+)
 from rdma_hca.devkit.demo import run_walkthrough
 from rdma_hca.devkit.dra.extended import extended_claim
 from rdma_hca.devkit.dra.stage import DraStage, share_result
@@ -23,7 +33,6 @@ from rdma_hca.kit.text import text_table
 
 DRIVER = "rdma-hca.io"
 NODE = "gpu-node-1"
-STD = "resource.kubernetes.io"
 
 
 def _value(device: dict[str, Any], key: str) -> str:
@@ -32,7 +41,7 @@ def _value(device: dict[str, Any], key: str) -> str:
 
 
 def _bandwidth(device: dict[str, Any]) -> str:
-    cap = device.get("capacity", {}).get(f"{DRIVER}/bandwidth")
+    cap = device.get("capacity", {}).get(qualified(DRIVER, BANDWIDTH))
     return "-" if cap is None else str(cap["value"])
 
 
@@ -66,13 +75,13 @@ async def _demo(out: TextIO, workdir: Path) -> None:
             ("DEVICE", "HCA", "pcieRoot", "GPUs UNDER IT", "NUMA", "NETDEV", "LINK",
              "BANDWIDTH")]
         for name, d in sorted(stage.devices().items()):
-            root = _value(d, f"{STD}/pcieRoot")
-            hca = (f"every usable ({_value(d, f'{DRIVER}/hcaCount')})" if name == NODE_DEVICE
-                   else _value(d, f"{DRIVER}/hcaName"))
+            root = _value(d, PCIE_ROOT)
+            hca = (f"every usable ({_value(d, qualified(DRIVER, HCA_COUNT))})"
+                   if name == NODE_DEVICE else _value(d, qualified(DRIVER, HCA_NAME)))
             rows.append((name, hca, root,
                          str(len(gpus.get(root, []))) if root != "-" else "-",
-                         _value(d, f"{STD}/numaNode"),
-                         _value(d, f"{DRIVER}/netdev"), _value(d, f"{DRIVER}/linkState"),
+                         _value(d, NUMA_NODE),
+                         _value(d, f"{DRIVER}/netdev"), _value(d, qualified(DRIVER, LINK_STATE)),
                          _bandwidth(d)))
         say("\n".join(text_table(rows, indent="  ")))
         say("A claim with matchAttribute resource.kubernetes.io/pcieRoot over a GPU request "
@@ -100,7 +109,7 @@ async def _demo(out: TextIO, workdir: Path) -> None:
         claim, ext = extended_claim(stage.api, "default", "hps-benchmark-x7k2p", driver=DRIVER,
                                     pool=NODE, device=NODE_DEVICE,
                                     device_class=f"{DRIVER}-extended",
-                                    consumed={f"{DRIVER}/slots": "1"})
+                                    consumed={qualified(DRIVER, SLOTS): "1"})
         resp = await stage.kubelet.prepare(DRIVER, [("default", ext, claim)])
         entry = resp.claims[ext]
         if entry.error:
@@ -153,7 +162,7 @@ async def _shares(stage: DraStage, say: Any) -> None:
     """Two claims hold 150G and 250G of one 400G HCA: nothing is left for a third."""
     assert stage.kubelet is not None and stage.driver is not None
     say("== Two claims share one HCA by bandwidth (DRAConsumableCapacity) ==")
-    policy = stage.devices()["mlx5-0"]["capacity"][f"{DRIVER}/bandwidth"]
+    policy = stage.devices()["mlx5-0"]["capacity"][qualified(DRIVER, BANDWIDTH)]
     say(f"mlx5-0 publishes {DRIVER}/bandwidth: {policy['value']}, requestPolicy "
         f"{json.dumps(policy['requestPolicy'], sort_keys=True)}")
     refs = []

@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rdma_hca.contract.checkpoint import CHECKPOINT_FILE
+from rdma_hca.contract.dra import BANDWIDTH, qualified
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.offer.env import EnvSettings
@@ -72,7 +74,7 @@ class DraStage:
             read_deadline_seconds=5.0, device_plugin_enabled=False)
         config = DriverConfig.from_settings(
             settings, kubeconfig=str(kubeconfig),
-            checkpoint_path=str(self.workdir / "checkpoint.json"))
+            checkpoint_path=str(self.workdir / CHECKPOINT_FILE))
         return self._tune(config) if self._tune else config
 
     async def __aenter__(self) -> DraStage:
@@ -165,7 +167,7 @@ def share_result(request: str, device: str, pool: str, *, bandwidth: str | None 
     result: dict[str, Any] = {"request": request, "driver": driver, "pool": pool,
                               "device": device, "shareID": share_id or str(uuid.uuid4())}
     if bandwidth is not None:
-        result["consumedCapacity"] = {f"{driver}/bandwidth": bandwidth}
+        result["consumedCapacity"] = {qualified(driver, BANDWIDTH): bandwidth}
     return result
 
 

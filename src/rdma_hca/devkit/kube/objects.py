@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rdma_hca.contract.dra import HCA_NAME, LINK_DOWN_TAINT, LINK_STATE, PCIE_ROOT, qualified
+
 CREATED = "2024-05-01T00:00:00Z"
 
 
@@ -113,14 +115,14 @@ def dra_device(hca: str, *, down: bool = False, taint: bool = True,
                driver: str = DRIVER) -> dict[str, Any]:
     """A device as the driver publishes it: a port down sets linkState and (taint) a taint."""
     attrs = {
-        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:37"},
-        f"{driver}/hcaName": {"string": hca},
-        f"{driver}/linkState": {"string": "down" if down else "up"},
+        PCIE_ROOT: {"string": "pci0000:37"},
+        qualified(driver, HCA_NAME): {"string": hca},
+        qualified(driver, LINK_STATE): {"string": "down" if down else "up"},
     }
     device: dict[str, Any] = {"name": hca.replace("_", "-"), "attributes": attrs,
                               "allowMultipleAllocations": True}
     if down and taint:
-        device["taints"] = [{"key": f"{driver}/link-down", "value": "down",
+        device["taints"] = [{"key": qualified(driver, LINK_DOWN_TAINT), "value": "down",
                              "effect": "NoSchedule"}]
     return device
 

@@ -25,7 +25,7 @@ from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
 from rdma_hca.settings.decl import BY_KEY, add_flags
 from rdma_hca.tools.arguments import http_url
-from rdma_hca.tools.doctor import cluster, kubeapi, render, slices
+from rdma_hca.tools.doctor import cluster, clusterfetch, kubeapi, render, slices
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, parse_command
 
 
@@ -146,10 +146,10 @@ def run_cluster(
         )
         client = kubeapi.KubeClient(creds, timeout=args.timeout)
         try:
-            data = cluster.fetch(client, args.namespace, args.name, args.dra_driver)
+            data = clusterfetch.fetch(client, args.namespace, args.name, args.dra_driver)
         finally:
             client.close()
-    except (kubeapi.KubeconfigError, kubeapi.UnreachableError, cluster.AccessError) as exc:
+    except (kubeapi.KubeconfigError, kubeapi.UnreachableError, clusterfetch.AccessError) as exc:
         return _fail(out, args.json, EXIT_USAGE, str(exc))
     except kubeapi.KubeError as exc:
         return _fail(out, args.json, EXIT_FAIL, str(exc))

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
+from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import (
     Credentials,
@@ -81,11 +82,11 @@ class KubeClient:
 
     def resource_slices(self, driver: str) -> list[dict[str, Any]]:
         """Every ResourceSlice (resource.k8s.io/v1) of ``driver``, on all nodes."""
-        found = self._items("/apis/resource.k8s.io/v1/resourceslices",
+        found = self._items(f"/apis/{GROUP_VERSION}/resourceslices",
                             {"fieldSelector": f"spec.driver={driver}"})
         # The field selector did this already; a server that ignored it must not make
         # another driver's slices look like ours.
         return [s for s in found if (s.get("spec") or {}).get("driver") == driver]
 
     def device_classes(self) -> list[dict[str, Any]]:
-        return self._items("/apis/resource.k8s.io/v1/deviceclasses")
+        return self._items(f"/apis/{GROUP_VERSION}/deviceclasses")

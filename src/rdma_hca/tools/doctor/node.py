@@ -35,12 +35,14 @@ from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check
 from rdma_hca.tools.doctor.shares import (
+    UNCOUNTED_HEADERS,
     Shares,
     checkpoint_path,
     read_shares,
     shares_check,
     shares_json,
     shares_rows,
+    uncounted_rows,
 )
 from rdma_hca.tools.doctor.slices import DEFAULT_DRIVER
 from rdma_hca.tools.report import clean_json, printable_lines
@@ -389,6 +391,9 @@ def report_text(report: NodeReport) -> str:
     if report.shares is not None:
         parts.append(table(["HCA", "BANDWIDTH HELD", "OF", "CLAIMS", "HELD BY"],
                            shares_rows(report.shares)))
+        uncounted = uncounted_rows(report.shares)
+        if uncounted:
+            parts.append(table(UNCOUNTED_HEADERS, uncounted))
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rdma_hca.kit.text import text_table
-from rdma_hca.tools.doctor.cluster import ClusterReport
+from rdma_hca.tools.doctor.clusterdata import ClusterReport
 from rdma_hca.tools.doctor.result import Check
 from rdma_hca.tools.doctor.slices import NodeSlices
 

@@ -3,8 +3,14 @@
 The checkpoint lists the claims prepared on this node and, per device, the shares the
 scheduler allocated with the bandwidth each consumed (DRAConsumableCapacity). A claim of
 the node-wide device (``rdma/hca`` through DRA) holds no one HCA and no bandwidth: it is
-listed apart, with the HCAs it was given. It is read
-with the driver's own format reader (``kit/dra_checkpoint``), bounded by the read
+listed apart, with the HCAs it was given.
+
+The scheduler keeps the bandwidth held under each port's rate, but it counts only claims
+that ask: a claim holding a share of 0 (or none) and every node-wide claim use the HCA
+all the same. So each HCA is shown with what is held of it *and* the claims on it that
+hold nothing, which is what an operator needs to see before trusting "never more than
+the port's rate". It is read
+with the driver's own format reader (``contract/checkpoint``), bounded by the read
 deadline like every read of the machine: a file on a hung disk is a failed check, not a
 doctor that never ends.
 """
@@ -18,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rdma_hca.kit.dra_checkpoint import CHECKPOINT_FILE, CheckpointError, Claims, load_checkpoint
+from rdma_hca.contract.checkpoint import CHECKPOINT_FILE, CheckpointError, Claims, load_checkpoint
+from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.node.model import Hca
 from rdma_hca.tools.doctor.result import Check
-from rdma_hca.tools.doctor.slices import NODE_DEVICE, NODE_WIDE
+from rdma_hca.tools.doctor.slices import NODE_WIDE
 
 SUBJECT = "node"
 
@@ -42,17 +49,6 @@ class Holder:
 
 
 @dataclass(frozen=True, slots=True)
-class HcaShares:
-    hca: str
-    rate: int | None  # the HCA's rate in bits per second, None when unknown
-    holders: tuple[Holder, ...]
-
-    @property
-    def held(self) -> int:
-        return sum(h.bandwidth for h in self.holders)
-
-
-@dataclass(frozen=True, slots=True)
 class NodeWideHolder:
     """A claim of the node-wide device: the HCAs it was given at Prepare."""
 
@@ -61,6 +57,32 @@ class NodeWideHolder:
     uid: str
     hcas: tuple[str, ...]
     shares: tuple[str, ...]  # the shareIDs
+
+
+@dataclass(frozen=True, slots=True)
+class HcaShares:
+    hca: str
+    rate: int | None  # the HCA's rate in bits per second, None when unknown
+    holders: tuple[Holder, ...]  # the claims of the HCA's own device, holding bandwidth or not
+    node_wide: tuple[NodeWideHolder, ...] = ()  # node-wide claims given this HCA
+
+    @property
+    def held(self) -> int:
+        return sum(h.bandwidth for h in self.holders)
+
+    @property
+    def holding_bandwidth(self) -> tuple[Holder, ...]:
+        return tuple(h for h in self.holders if h.bandwidth)
+
+    @property
+    def holding_none(self) -> tuple[Holder, ...]:
+        """Claims of the HCA's device holding a share of 0, or no share: not counted."""
+        return tuple(h for h in self.holders if not h.bandwidth)
+
+    @property
+    def uncounted(self) -> int:
+        """Claims using the HCA that the scheduler's sum of bandwidth does not count."""
+        return len(self.holding_none) + len(self.node_wide)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +143,9 @@ def read_shares(path: Path, hcas: Sequence[Hca], deadline: float
         for hca, shares in by_hca.items():
             held.setdefault(hca, []).append(
                 Holder(claim.namespace, claim.name, uid, bits[hca], tuple(shares)))
-    out = tuple(HcaShares(name, rates.get(name), tuple(hs)) for name, hs in held.items())
+    on = {name: tuple(w for w in wide if name in w.hcas) for name in held}
+    out = tuple(HcaShares(name, rates.get(name), tuple(hs), on[name])
+                for name, hs in held.items())
     return Shares(path, out, len(claims), tuple(wide)), None
 
 
@@ -137,6 +161,28 @@ def shares_rows(shares: Shares) -> list[list[str]]:
     return rows
 
 
+def uncounted_rows(shares: Shares) -> list[list[str]]:
+    """Per HCA: the claims holding bandwidth against those on it holding none (a share of
+    0 or none, and node-wide claims); empty when every claim on every HCA holds some."""
+    if not any(h.uncounted for h in shares.hcas):
+        return []
+    rows = []
+    for h in shares.hcas:
+        who = [f"{c.namespace}/{c.name}" for c in h.holding_none]
+        who += [f"{c.namespace}/{c.name} (node-wide)" for c in h.node_wide]
+        rows.append([h.hca, str(len(h.holding_bandwidth)), str(len(h.holding_none)),
+                     str(len(h.node_wide)), ", ".join(who) or "-"])
+    return rows
+
+
+UNCOUNTED_HEADERS = ("HCA", "HOLDING BANDWIDTH", "HOLDING NONE", "NODE-WIDE",
+                     "NOT COUNTED AGAINST THE RATE")
+
+
+def _ref(c: Holder | NodeWideHolder) -> dict[str, str]:
+    return {"namespace": c.namespace, "name": c.name, "uid": c.uid}
+
+
 def shares_json(shares: Shares) -> dict[str, Any]:
     return {
         "checkpoint": str(shares.path),
@@ -145,7 +191,9 @@ def shares_json(shares: Shares) -> dict[str, Any]:
             {"name": h.hca, "heldBitsPerSecond": h.held, "rateBitsPerSecond": h.rate,
              "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
                          "bandwidthBitsPerSecond": c.bandwidth, "shareIDs": list(c.shares)}
-                        for c in h.holders]}
+                        for c in h.holders],
+             "claimsHoldingNone": [_ref(c) for c in h.holding_none],
+             "nodeWideClaims": [_ref(c) for c in h.node_wide]}
             for h in shares.hcas
         ],
         "nodeDevice": None if not shares.node_wide else {
@@ -174,4 +222,16 @@ def shares_check(shares: Shares) -> Check:
                             for c in shares.node_wide))
     return Check(SUBJECT, "DRA bandwidth", True,
                  f"{shares.claims} prepared claim(s); {holding} HCA(s) with bandwidth held"
-                 + wide)
+                 + wide + _uncounted(shares))
+
+
+def _uncounted(shares: Shares) -> str:
+    """What the port's rate is not guarded against: claims on an HCA holding none of it."""
+    on = [h for h in shares.hcas if h.uncounted]
+    if not on:
+        return ""
+    none = sum(len(h.holding_none) for h in on)
+    return (f"; not counted against the rate: {none} claim(s) holding no bandwidth and "
+            f"{len(shares.node_wide)} node-wide claim(s), on "
+            + ", ".join(f"{h.hca} ({h.uncounted})" for h in on)
+            + " (the scheduler counts only claims that ask for bandwidth)")

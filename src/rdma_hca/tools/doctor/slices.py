@@ -22,24 +22,28 @@ reads):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from rdma_hca.contract.dra import (
+    GROUP,
+    HCA_COUNT,
+    HCA_NAME,
+    KIND,
+    KIND_NODE,
+    LINK_STATE,
+    RESYNC_SECONDS,
+)
 from rdma_hca.settings.model import DEFAULT_DRA_DRIVER_NAME
+from rdma_hca.tools.doctor.draobjects import DeviceClass, ResourceSlice, SliceDevice
 from rdma_hca.tools.doctor.result import Check
 
 DEFAULT_DRIVER = DEFAULT_DRA_DRIVER_NAME
-GROUP = "resource.k8s.io"
 RBAC_FIX = (
     "kubectl create clusterrole rdma-hca-doctor-dra --verb=list "
     f"--resource=resourceslices.{GROUP},deviceclasses.{GROUP} && kubectl create "
     "clusterrolebinding rdma-hca-doctor-dra --clusterrole=rdma-hca-doctor-dra --user=<you>"
 )
-RESYNC_SECONDS = 60  # the driver's resync, which also deletes its node's extra slices
-# The driver's ``kind`` attribute of its node-wide device; per-HCA devices say ``hca``.
-KIND, KIND_NODE = "kind", "node"
-NODE_DEVICE = "all-hcas"  # its name, which the driver gives no HCA's device
 NODE_WIDE = "the node-wide device (rdma/hca through DRA)"
 
 
@@ -49,14 +53,15 @@ class DraData:
 
     ``slices`` is None when they could not be listed (``available`` False: no
     resource.k8s.io/v1; ``denied``: RBAC; ``error``: another failure). ``device_classes``
-    holds the names of the DeviceClasses selecting the driver, None when they were not or
-    could not be listed (they are only asked for when no slice exists).
+    holds the DeviceClasses selecting the driver, None when they were not or could not be
+    listed (they are asked for when no slice exists, to tell whether DRA is in use, and
+    when a slice holds the node-wide device, to find the classes it traps).
     """
 
     driver: str
     available: bool
-    slices: Sequence[Mapping[str, Any]] | None
-    device_classes: Sequence[str] | None = None
+    slices: Sequence[ResourceSlice] | None
+    device_classes: Sequence[DeviceClass] | None = None
     denied: str | None = None
     error: str | None = None  # listing the slices failed otherwise (e.g. HTTP 500)
 
@@ -107,73 +112,56 @@ class DraReport:
     stale_slices: tuple[StaleSlice, ...]
 
 
-def selects_driver(device_class: Mapping[str, Any], driver: str) -> bool:
+def _quoted(driver: str) -> str:
+    return rf"""(?:"{re.escape(driver)}"|'{re.escape(driver)}')"""
+
+
+def selects_driver(device_class: DeviceClass, driver: str) -> bool:
     """Whether a DeviceClass's CEL selectors compare ``device.driver`` with ``driver``."""
-    quoted = rf"""(?:"{re.escape(driver)}"|'{re.escape(driver)}')"""
+    quoted = _quoted(driver)
     pattern = re.compile(rf"device\.driver\s*==\s*{quoted}|{quoted}\s*==\s*device\.driver")
-    for selector in (device_class.get("spec") or {}).get("selectors") or []:
-        expression = ((selector or {}).get("cel") or {}).get("expression")
-        if isinstance(expression, str) and pattern.search(expression):
-            return True
-    return False
+    return any(pattern.search(e) for e in device_class.expressions)
 
 
-def slice_name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
-def _pool(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (obj.get("spec") or {}).get("pool") or {}
-
-
-def _generation(obj: Mapping[str, Any]) -> int:
-    value = _pool(obj).get("generation")
-    return value if isinstance(value, int) else 0
-
-
-def by_node(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def by_node(slices: Sequence[ResourceSlice]) -> dict[str, list[ResourceSlice]]:
     """Slices by ``spec.nodeName``; slices for several nodes (nodeSelector) are left out."""
-    out: dict[str, list[Mapping[str, Any]]] = {}
+    out: dict[str, list[ResourceSlice]] = {}
     for s in slices:
-        node = (s.get("spec") or {}).get("nodeName")
-        if node:
-            out.setdefault(str(node), []).append(s)
+        if s.node_name:
+            out.setdefault(s.node_name, []).append(s)
     return out
 
 
-def _attribute(device: Mapping[str, Any], driver: str, name: str, kind: str) -> Any:
-    """The driver's attribute ``name`` (qualified or not) of type ``kind``, else None."""
-    attrs = device.get("attributes") or {}
-    return (attrs.get(f"{driver}/{name}") or attrs.get(name) or {}).get(kind)
-
-
-def is_node_wide(device: Mapping[str, Any], driver: str) -> bool:
+def is_node_wide(device: SliceDevice, driver: str) -> bool:
     """Whether a device is the node-wide one; without ``kind`` (an older driver) it is an
     HCA."""
-    return bool(_attribute(device, driver, KIND, "string") == KIND_NODE)
+    return device.attribute(driver, KIND, "string") == KIND_NODE
 
 
-def _devices(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [d for s in slices for d in (s.get("spec") or {}).get("devices") or []]
+def _devices(slices: Sequence[ResourceSlice]) -> list[SliceDevice]:
+    return [d for s in slices for d in s.devices]
 
 
-def _hca_devices(slices: Sequence[Mapping[str, Any]], driver: str
-                 ) -> list[Mapping[str, Any]]:
+def _hca_devices(slices: Sequence[ResourceSlice], driver: str) -> list[SliceDevice]:
     return [d for d in _devices(slices) if not is_node_wide(d, driver)]
 
 
-def _node_wide(slices: Sequence[Mapping[str, Any]], driver: str) -> NodeWide | None:
+def has_node_wide(slices: Sequence[ResourceSlice], driver: str) -> bool:
+    """Whether any of ``slices`` publishes the node-wide device."""
+    return any(is_node_wide(d, driver) for d in _devices(slices))
+
+
+def _node_wide(slices: Sequence[ResourceSlice], driver: str) -> NodeWide | None:
     for device in _devices(slices):
         if is_node_wide(device, driver):
-            count = _attribute(device, driver, "hcaCount", "int")
-            return NodeWide(str(device.get("name", "?")),
-                            count if isinstance(count, int) else None,
-                            _attribute(device, driver, "linkState", "string"),
-                            tuple(str(t.get("key", "")) for t in device.get("taints") or []))
+            count = device.attribute(driver, HCA_COUNT, "int")
+            state = device.attribute(driver, LINK_STATE, "string")
+            return NodeWide(device.name, count if isinstance(count, int) else None,
+                            state if isinstance(state, str) else None, device.taints)
     return None
 
 
-def _down_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> tuple[
+def _down_devices(slices: Sequence[ResourceSlice], driver: str) -> tuple[
         list[str], int, int]:
     """``(descriptions, tainted, link down)`` of the HCA devices of ``slices`` not fit for
     use."""
@@ -181,59 +169,52 @@ def _down_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> tuple[
     tainted = link_down = 0
     for s in slices:
         for device in _hca_devices([s], driver):
-            hca = _attribute(device, driver, "hcaName", "string")
-            state = _attribute(device, driver, "linkState", "string")
-            taints = [str(t.get("key", "")) for t in device.get("taints") or []]
+            hca = device.attribute(driver, HCA_NAME, "string")
+            state = device.attribute(driver, LINK_STATE, "string")
+            taints = list(device.taints)
             down = state == "down"
             tainted += bool(taints)
             link_down += down
             if taints or down:
                 why = [f"tainted {', '.join(taints)}"] if taints else []
                 why += ["linkState down"] if down else []
-                name = str(device.get("name", "?")) + (f" ({hca})" if hca else "")
+                name = device.name + (f" ({hca})" if hca else "")
                 described.append(f"{name} {' and '.join(why)}")
     return described, tainted, link_down
 
 
-def _current(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _current(slices: Sequence[ResourceSlice]) -> list[ResourceSlice]:
     """The slices the scheduler uses: those at the highest generation of their pool."""
     top: dict[str, int] = {}
     for s in slices:
-        name = str(_pool(s).get("name", ""))
-        top[name] = max(top.get(name, 0), _generation(s))
-    return [s for s in slices if _generation(s) == top[str(_pool(s).get("name", ""))]]
+        top[s.pool] = max(top.get(s.pool, 0), s.generation)
+    return [s for s in slices if s.generation == top[s.pool]]
 
 
-def _slice_count(obj: Mapping[str, Any]) -> int:
-    value = _pool(obj).get("resourceSliceCount")
-    return value if isinstance(value, int) and value > 0 else 1
-
-
-def _node_pool(node: str, slices: Sequence[Mapping[str, Any]]) -> tuple[
-        str, list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+def _node_pool(node: str, slices: Sequence[ResourceSlice]) -> tuple[
+        str, list[ResourceSlice], list[ResourceSlice]]:
     """``(pool, its slices at its highest generation, every other slice)``: the pool is
     the one named after the node, else the one with the highest generation."""
-    names = {str(_pool(s).get("name", "")) for s in slices}
-    pool = node if node in names else str(_pool(max(slices, key=_generation)).get("name", ""))
-    mine = [s for s in slices if str(_pool(s).get("name", "")) == pool]
-    top = max(_generation(s) for s in mine)
-    current = [s for s in mine if _generation(s) == top]
+    names = {s.pool for s in slices}
+    pool = node if node in names else max(slices, key=lambda s: s.generation).pool
+    mine = [s for s in slices if s.pool == pool]
+    top = max(s.generation for s in mine)
+    current = [s for s in mine if s.generation == top]
     return pool, current, [s for s in slices if not any(s is c for c in current)]
 
 
-def _devices_twice(slices: Sequence[Mapping[str, Any]]) -> list[str]:
+def _devices_twice(slices: Sequence[ResourceSlice]) -> list[str]:
     seen: set[str] = set()
     twice: set[str] = set()
     for s in slices:
-        for device in (s.get("spec") or {}).get("devices") or []:
-            name = str(device.get("name", ""))
-            (twice if name in seen else seen).add(name)
+        for device in s.devices:
+            (twice if device.name in seen else seen).add(device.name)
     return sorted(twice)
 
 
 def judge_node(
     node: str,
-    slices: Sequence[Mapping[str, Any]],
+    slices: Sequence[ResourceSlice],
     *,
     driver: str,
     in_use: bool,
@@ -244,13 +225,13 @@ def judge_node(
     """The node's row and its checks. ``logs`` and ``node_doctor`` are the commands a fix
     line names (the plugin pod's log, ``rdma-hca doctor --node`` on that node)."""
     title = "ResourceSlice"
-    names = tuple(sorted(slice_name(s) for s in slices))
-    pools = tuple(sorted({str(_pool(s).get("name", "")) for s in slices}))
+    names = tuple(sorted(s.name for s in slices))
+    pools = tuple(sorted({s.pool for s in slices}))
     current = _current(slices)
     described, tainted, link_down = _down_devices(current, driver)
     devices = len(_hca_devices(current, driver))
     wide = _node_wide(current, driver)
-    generation = max((_generation(s) for s in slices), default=None)
+    generation = max((s.generation for s in slices), default=None)
     checks: list[Check] = []
     if not slices:
         if in_use and pod_ready:
@@ -262,15 +243,15 @@ def judge_node(
             ))
     else:
         pool, current, extra = _node_pool(node, slices)
-        count = max((_slice_count(c) for c in current), default=1)
+        count = max((c.slice_count for c in current), default=1)
         if extra:
-            gone = " ".join(sorted(slice_name(s) for s in extra))
+            gone = " ".join(sorted(s.name for s in extra))
             checks.append(Check(
                 node, title, False,
                 f"{len(slices)} slices ({', '.join(names)}) in {len(pools)} pool(s) "
                 f"({', '.join(pools)}): the driver keeps one pool per node, {count} slice(s) "
                 f"at its current generation",
-                f"the driver deletes the others within {RESYNC_SECONDS} s; if they stay, read "
+                f"the driver deletes the others within {RESYNC_SECONDS:g} s; if they stay, read "
                 f"{logs} or delete them: kubectl delete resourceslice {gone}",
             ))
         elif len(current) > count:
@@ -333,7 +314,7 @@ def in_use(data: DraData) -> tuple[bool, str | None]:
     if data.slices:
         return True, f"{len(data.slices)} ResourceSlice(s) of {data.driver}"
     if data.device_classes:
-        return True, f"DeviceClass {', '.join(sorted(data.device_classes))}"
+        return True, f"DeviceClass {', '.join(sorted(c.name for c in data.device_classes))}"
     return False, None
 
 
@@ -357,7 +338,7 @@ def note(data: DraData) -> str | None:
 
 def stale(data: DraData, nodes: set[str]) -> tuple[StaleSlice, ...]:
     return tuple(sorted(
-        (StaleSlice(slice_name(s), n) for n, found in by_node(data.slices or []).items()
+        (StaleSlice(s.name, n) for n, found in by_node(data.slices or []).items()
          if n not in nodes for s in found),
         key=lambda st: (st.node_name, st.name)))
 
