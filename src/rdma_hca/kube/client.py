@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rdma_hca.kit.backoff import Backoff, Clock, Sleep
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
 from rdma_hca.kube.errors import (
@@ -46,15 +47,7 @@ from rdma_hca.kube.errors import (
     NotFoundError,
     UnreachableError,
 )
-from rdma_hca.kube.policy import (
-    Backoff,
-    ClientPolicy,
-    Clock,
-    Priority,
-    Sleep,
-    TokenBucket,
-    retry_after,
-)
+from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_after
 from rdma_hca.kube.tally import ApiTally
 
 T = TypeVar("T")
