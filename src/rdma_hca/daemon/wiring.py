@@ -30,9 +30,11 @@ from rdma_hca.daemon.offer.nodeevents import stats as event_stats
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
+from rdma_hca.kit.aio import cancel_all, describe, settle
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.kit.sayonce import Latch, Once
+from rdma_hca.kit.workers import WORKERS
 from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.reader import NodeReader
@@ -53,26 +55,6 @@ STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
 CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
 EVENTS_GRACE = 0.5  # what a stop gives queued Events to go out
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
-
-
-async def _settle(tasks: list[asyncio.Task[Any]] | list[asyncio.Future[Any]], what: str) -> None:
-    """Wait up to STOP_STEP for ``tasks`` to end; name the ones that did not."""
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(set(tasks), timeout=STOP_STEP)
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            log.debug("while stopping %s: %r", what, t.exception())
-    if pending:
-        log.error("stopping %s took over %g s; left running: %s", what, STOP_STEP,
-                  "; ".join(_describe(t) if isinstance(t, asyncio.Task) else repr(t)
-                            for t in pending))
-
-
-def _describe(task: asyncio.Task[Any]) -> str:
-    frames = task.get_stack(limit=3)
-    where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
-    return f"{task.get_name()} at {where or '?'}"
 
 
 def _held_by(names: Sequence[str]) -> str:
@@ -228,7 +210,8 @@ class Daemon:
             self._ipv6_gids = gids
             # Tens of thousands of GIDs on a large node: judged on a worker thread.
             hcas = tuple(pool_hcas.values())
-            self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
+            self._ipv6_ready = not await WORKERS.run(lambda: ipv6_missing(hcas),
+                                                     "rdma-hca-ipv6")
         self._say_late_exclusive_overlap(inventory.hcas)
         findings = evaluate_node(inventory, self.settings, self.runtimes)
         if findings != self.findings:
@@ -422,26 +405,24 @@ class Daemon:
         """
         self.supervisor.stopping()
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        await _settle(tasks, "the daemon's tasks")
+        await cancel_all(tasks, within=STOP_STEP, what="the daemon's tasks")
         lifecycle = asyncio.ensure_future(self.lifecycle.stop())
-        await _settle([lifecycle], "the kubelet lifecycle")
+        await settle([lifecycle], within=STOP_STEP, what="the kubelet lifecycle")
         if not lifecycle.done() or lifecycle.cancelled() or lifecycle.exception() is not None:
             # A lifecycle task that died re-raises in its stop; its servers must still go.
             for server in list(self.lifecycle.servers.values()):
-                await _settle([asyncio.ensure_future(server.stop())], f"the {server.path} server")
+                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
             self.lifecycle.servers.clear()
             self.lifecycle.remove_sockets()
         if self.dra is not None:
-            await _settle([asyncio.ensure_future(self.dra.stop())], "the DRA driver")
+            await settle([self.dra.stop()], within=STOP_STEP, what="the DRA driver")
         if self.http is not None:
-            await _settle([asyncio.ensure_future(self.http.stop())], "the HTTP server")
+            await settle([self.http.stop()], within=STOP_STEP, what="the HTTP server")
             self.http = None
         if self.node_events is not None:
             recorder, self.node_events = self.node_events.recorder, None
-            await _settle([asyncio.ensure_future(recorder.close(grace=EVENTS_GRACE))],
-                          "the Event recorder")
+            await settle([recorder.close(grace=EVENTS_GRACE)], within=STOP_STEP,
+                         what="the Event recorder")
 
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:
@@ -468,11 +449,9 @@ class Daemon:
         finally:
             stopped.cancel()
             log.info("stopping: closing the servers and removing our sockets")
-            try:
-                await asyncio.wait_for(self.stop(), STOP_DEADLINE)
-            except TimeoutError:
+            if await settle([self.stop()], within=STOP_DEADLINE, what="the daemon"):
                 # Shutdown must end: say what was stuck, then leave no socket behind.
                 stuck = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
-                          "; ".join(_describe(t) for t in stuck))
+                          "; ".join(describe(t) for t in stuck))
                 self.lifecycle.remove_sockets()

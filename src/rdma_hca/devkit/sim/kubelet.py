@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +48,7 @@ from rdma_hca.devkit.sim.kubelet_rules import (
     resource_name_problem,
     rpc_error_text,
 )
+from rdma_hca.kit.aio import settle
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -513,11 +513,9 @@ CLOSE_WAIT = 5.0
 
 async def _bounded(future: asyncio.Future[Any], what: str) -> None:
     """Wait for a closing step, but never forever: a test harness that hangs in its teardown
-    hides the failure it was there to show. A step still running is named and left."""
-    done, _ = await asyncio.wait({future}, timeout=CLOSE_WAIT)
-    if not done:
-        print(f"kubelet emulator: {what} did not finish within {CLOSE_WAIT:g} s; left running",
-              file=sys.stderr)
+    hides the failure it was there to show. A step still running is named and left; one
+    that failed raises its error."""
+    if await settle([future], within=CLOSE_WAIT, what=f"the kubelet emulator: {what}"):
         return
     with contextlib.suppress(asyncio.CancelledError):
         future.result()
