@@ -11,7 +11,7 @@ its thread rejoins the pool.
 Every thread of the daemon is one of these: calls that can hang on the machine or a
 filesystem go through ``kit.offloop`` (a deadline, one stuck call per key), work that
 always ends (rendering a scrape, judging GIDs, a client's file reads) through
-:meth:`Workers.run`. Nothing calls ``asyncio.to_thread``.
+:meth:`Workers.run`. Nothing in the daemon calls ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
