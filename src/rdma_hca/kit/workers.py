@@ -10,7 +10,7 @@ its thread rejoins the pool.
 
 Every thread of the daemon is one of these: calls that can hang on the machine or a
 filesystem go through ``kit.offloop`` (a deadline, one stuck call per key), work that
-always ends (rendering a scrape, judging GIDs, a client's file reads) through
+always ends (rendering a scrape, judging GIDs) or that its caller gives no deadline through
 :meth:`Workers.run`. Nothing in the daemon calls ``asyncio.to_thread``.
 """
 

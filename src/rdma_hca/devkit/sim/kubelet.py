@@ -17,7 +17,6 @@ for pods, ``kubelet_checkpoint`` its checkpoint file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from rdma_hca.devkit.sim.kubelet_rules import (
     rpc_error_text,
 )
 from rdma_hca.devkit.sim.kubelet_streams import StreamReader, bounded
+from rdma_hca.kit.aio import cancel_all
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -173,11 +173,7 @@ class KubeletEmulator(StreamReader):
         for endpoint in list(self._superseded):
             await self._close_endpoint(endpoint)
         self._superseded.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(list(self._tasks))
         if server is not None:
             await self._note("kubelet stopped")
 
@@ -197,11 +193,8 @@ class KubeletEmulator(StreamReader):
         endpoint = state.endpoint if state is not None else None
         if endpoint is None or endpoint.ended or endpoint.closing:
             raise RuntimeError(f"no live ListAndWatch stream for {resource} to drop")
-        reader = endpoint.reader
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        if endpoint.reader is not None:
+            await cancel_all([endpoint.reader])
         await self._stream_ended(endpoint, "dropped by the kubelet")
 
     async def restart(self, delay: float = 0.0) -> None:
