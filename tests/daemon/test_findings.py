@@ -34,7 +34,7 @@ def settings_for(node: SimNode, non_host_network: bool) -> Settings:
 
 async def judged(d: Daemon) -> None:
     """One health pass, then the node's judgement of it (a follower of the watcher's)."""
-    await d.judge_node(await d.health.refresh())
+    await d.node_judge.judge(await d.health.refresh())
 
 
 def mixed_node(root: Path) -> SimNode:
@@ -67,8 +67,8 @@ async def test_ipv6_readiness(tmp_path: Path, builder: object, missing: list[str
     caplog.set_level(logging.WARNING, logger="rdma_hca.daemon.findings")
     d = Daemon(settings_for(node, True), netlink=False)
     await judged(d)
-    assert list(d.findings.ipv6_missing) == missing
-    assert d.findings.ipv6_ready is (not missing)
+    assert list(d.node_judge.findings.ipv6_missing) == missing
+    assert d.node_judge.findings.ipv6_ready is (not missing)
     warned = [r.getMessage() for r in caplog.records if "global IPv6" in r.getMessage()]
     assert len(warned) == (1 if missing else 0)
     if missing:
@@ -83,8 +83,8 @@ async def test_switch_off_means_no_ipv6_requirement(tmp_path: Path) -> None:
     node = gpu_node(tmp_path / "n", gid_table_size=16)
     d = Daemon(settings_for(node, False), netlink=False)
     await judged(d)
-    assert d.findings.ipv6_missing == ()
-    assert d.findings.messages() == []
+    assert d.node_judge.findings.ipv6_missing == ()
+    assert d.node_judge.findings.messages() == []
 
 
 async def test_exclusive_netns_is_explained_not_fatal(tmp_path: Path,
@@ -94,8 +94,8 @@ async def test_exclusive_netns_is_explained_not_fatal(tmp_path: Path,
     caplog.set_level(logging.WARNING, logger="rdma_hca.daemon.findings")
     d = Daemon(settings_for(node, True), netlink=False)
     await judged(d)
-    assert d.findings.netns_mode == "exclusive"
-    (msg,) = d.findings.messages()
+    assert d.node_judge.findings.netns_mode == "exclusive"
+    (msg,) = d.node_judge.findings.messages()
     assert "netns mode is exclusive" in msg and "rdma system set netns shared" in msg
     assert any("netns mode is exclusive" in r.getMessage() for r in caplog.records)
     # The pool still serves hostNetwork pods.
@@ -108,10 +108,10 @@ async def test_readiness_change_is_logged_when_it_happens(
     caplog.set_level(logging.INFO, logger="rdma_hca.daemon.findings")
     d = Daemon(replace(settings_for(node, True)), netlink=False)
     await judged(d)
-    assert d.findings.ipv6_ready
+    assert d.node_judge.findings.ipv6_ready
     spec = node.specs["mlx5_2"]
     node.remove_hca("mlx5_2")
     node.add_hca(replace(spec, ports=(replace(spec.ports[0], ipv6=None),)))
     await judged(d)
-    assert d.findings.ipv6_missing == ("mlx5_2",)
+    assert d.node_judge.findings.ipv6_missing == ("mlx5_2",)
     assert sum("mlx5_2" in r.getMessage() for r in caplog.records) == 1

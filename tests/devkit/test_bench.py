@@ -169,9 +169,9 @@ async def test_lag_meter_sees_a_blocked_loop() -> None:
 
 
 def test_every_tree_size_has_its_rows() -> None:
-    from rdma_hca.devkit.bench import _ordered
+    from rdma_hca.devkit.bench_plan import ordered
 
-    rows = [f.key for f in _ordered({}, (8, 64, 256), "not run")]
+    rows = [f.key for f in ordered({}, (8, 64, 256), "not run")]
     for n in (64, 256):
         assert f"loop_lag_scrape_{n}_hcas_ms" in rows
         assert f"loop_lag_rediscovery_{n}_hcas_ms" in rows

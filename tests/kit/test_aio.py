@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from rdma_hca.kit.aio import unless, wait_event
+from rdma_hca.kit.aio import cancel_all, settle, unless, wait_event
 
 
 async def _sleep_then(value: int, seconds: float) -> int:
@@ -75,3 +75,37 @@ async def test_wait_event_never_loses_a_cancel_that_meets_the_event() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
         assert waiter.cancelled()
+
+
+async def _stubborn(release: asyncio.Event) -> None:
+    """Swallows every cancel until released, as a stuck shutdown does."""
+    while not release.is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await release.wait()
+
+
+async def test_a_bounded_stop_names_and_leaves_a_task_that_will_not_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    release = asyncio.Event()
+    stuck = asyncio.create_task(_stubborn(release), name="stubborn")
+    quick = asyncio.create_task(asyncio.sleep(60), name="quick")
+    await asyncio.sleep(0)  # both wait now: the cancel lands inside the stubborn loop
+    left = await cancel_all([stuck, quick], within=0.05, what="the test's tasks")
+    assert len(left) == 1 and left[0].startswith("stubborn at ")
+    assert quick.cancelled() and not stuck.done()
+    assert "stopping the test's tasks took over 0.05 s; left running: stubborn" in caplog.text
+    release.set()
+    await stuck
+
+
+async def test_a_bounded_stop_logs_an_error_and_goes_on() -> None:
+    assert await settle([_fail()], within=5, what="failing work") == []
+    assert await settle([], within=5, what="nothing") == []
+
+
+async def test_an_unbounded_cancel_raises_a_tasks_own_error() -> None:
+    failed = asyncio.create_task(_fail())
+    await asyncio.sleep(0)
+    with pytest.raises(ValueError, match="work failed"):
+        await cancel_all([failed])
+    assert await cancel_all([asyncio.create_task(asyncio.sleep(60))]) == []

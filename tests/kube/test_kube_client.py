@@ -11,18 +11,11 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.kit.backoff import Backoff, jittered
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import ApiError, ConflictError, NotFoundError, UnreachableError
-from rdma_hca.kube.policy import (
-    Backoff,
-    ClientPolicy,
-    Priority,
-    Rate,
-    TokenBucket,
-    jittered,
-    retry_after,
-)
+from rdma_hca.kube.policy import ClientPolicy, Priority, Rate, TokenBucket, retry_after
 from rdma_hca.kube.tally import resource_verb
 
 NODES = "/api/v1/nodes"

@@ -1,8 +1,12 @@
 """Wiring of the node daemon: discovery → pools → kubelet lifecycle → HTTP endpoints.
 
 ``Daemon.run`` is what ``rdma-hca serve`` runs; the demo, the tests and the
-benchmarks run the same object on simulated trees. The HTTP endpoints see the
-daemon only through :meth:`Daemon.status`, a frozen snapshot.
+benchmarks run the same object on simulated trees. This module builds the daemon's
+parts and runs their life cycle (start, stop, run, SIGHUP); beside it in the
+composition root, ``snapshot`` builds the status the endpoints read (they see the
+daemon only through :meth:`Daemon.status`, a frozen record), ``overlaps`` judges the
+pools' selectors on the live inventory, and ``findings`` follows the node's inventories
+for what non-hostNetwork pods need. The CDI spec follows them in ``offer.cdifollow``.
 """
 
 from __future__ import annotations
@@ -10,75 +14,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rdma_hca import __version__
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KUBELET_SOCKET, KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.dra import DraDriver, DriverConfig
-from rdma_hca.daemon.findings import NodeFindings, evaluate_node
+from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
-from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
-from rdma_hca.daemon.offer.cdi import SPEC_FILE, build_spec, write_spec
+from rdma_hca.daemon.observe.status import Status
+from rdma_hca.daemon.offer.cdifollow import CDI_CHECK_SECONDS, CdiFollower
 from rdma_hca.daemon.offer.env import env_settings
 from rdma_hca.daemon.offer.nodeevents import NodeEvents, start_node_events
-from rdma_hca.daemon.offer.nodeevents import stats as event_stats
+from rdma_hca.daemon.overlaps import PoolOverlaps
+from rdma_hca.daemon.snapshot import StatusSnapshot
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
-from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.aio import cancel_all, describe, settle
+from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
-from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.deadline_reader import NodeReader
-from rdma_hca.node.model import Gid, Hca, NodeInventory
-from rdma_hca.node.roce import ipv6_missing
-from rdma_hca.settings.checks import exclusive_first, held_text, overlapping_hcas, pools_sharing
+from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.settings.model import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
 STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
-CDI_CHECK_SECONDS = 2.0  # how soon a removed or changed CDI spec is written again
 EVENTS_GRACE = 0.5  # what a stop gives queued Events to go out
-STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
-
-
-async def _settle(tasks: list[asyncio.Task[Any]] | list[asyncio.Future[Any]], what: str) -> None:
-    """Wait up to STOP_STEP for ``tasks`` to end; name the ones that did not."""
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(set(tasks), timeout=STOP_STEP)
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            log.debug("while stopping %s: %r", what, t.exception())
-    if pending:
-        log.error("stopping %s took over %g s; left running: %s", what, STOP_STEP,
-                  "; ".join(_describe(t) if isinstance(t, asyncio.Task) else repr(t)
-                            for t in pending))
-
-
-def _describe(task: asyncio.Task[Any]) -> str:
-    frames = task.get_stack(limit=3)
-    where = " < ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
-    return f"{task.get_name()} at {where or '?'}"
-
-
-def _held_by(names: Sequence[str]) -> str:
-    """``the HCA mlx5_0 is`` or ``the HCAs mlx5_0, mlx5_1 are``."""
-    return held_text(names) + (" is" if len(names) == 1 else " are")
 
 
 class Daemon:
     def __init__(self, settings: Settings, *, netlink: bool = True,
                  reader: MachineReader | None = None,
                  read_deadline: float | None = None,
-                 probe_dir: str | None = None) -> None:
+                 probe_dir: str | None = None,
+                 cdi_check_seconds: float = CDI_CHECK_SECONDS) -> None:
         self.settings = settings
         # The probe socket sits in the pod's own scratch directory (``/tmp``, an emptyDir),
         # named after the pod: only with a pod UID is it surely this instance's.
@@ -118,20 +93,23 @@ class Daemon:
         # The files the daemon owns (its CDI spec) are written off the loop, within the
         # read deadline: a hung filesystem must not stop the loop either.
         self.files = OffLoop(self.read_deadline)
+        self.cdi = CdiFollower(settings.cdi.spec_dir, self.health.inventories,
+                               lambda: (h for r in self.runtimes for h in r.view.hcas),
+                               self.files, check_seconds=cdi_check_seconds)
         self.supervisor = Supervisor()
-        self.findings = NodeFindings()
+        self.overlaps = PoolOverlaps(settings)
+        self.node_judge = NodeJudge(settings, self.runtimes, self.overlaps)
         # Kubernetes Events about the node (and, handed to the DRA driver, its claims).
         self.node_events: NodeEvents | None = None
         self.http: MetricsServer | None = None
-        self.started = time.time()
-        self.cdi_check_seconds = CDI_CHECK_SECONDS
+        self.snapshot = StatusSnapshot(
+            runtimes=self.runtimes, lifecycle=self.lifecycle, allocations=self.allocations,
+            health=self.health, reader=self.reader, files=self.files,
+            supervisor=self.supervisor, judge=self.node_judge, dra=self.dra,
+            recorder=lambda: self._recorder,
+            health_poll_seconds=settings.health_poll_seconds,
+            read_deadline=self.read_deadline)
         self._tasks: list[asyncio.Task[None]] = []
-        self._cdi_error = Latch()
-        self._ipv6_ready = False
-        self._ipv6_gids: tuple[tuple[Gid, ...], ...] | None = None
-        # Overlaps of an HCA that came after start, already said.
-        self._told_shared_exclusive = Once()
-        self._pools_checked = False
 
     @property
     def inventory(self) -> NodeInventory | None:
@@ -151,112 +129,9 @@ class Daemon:
     def ready(self) -> bool:
         return self.status().ready
 
-    # --- what the endpoints read ------------------------------------------------------
-
     def status(self) -> Status:
-        """The daemon's state now, as one frozen record (cheap: no per-HCA work)."""
-        inv = self.health.inventory
-        return Status(
-            version=__version__,
-            hcas=inv.hcas if inv is not None else (),
-            gpus=inv.gpus if inv is not None else (),
-            events=None if self._recorder is None else event_stats(self._recorder),
-            pools=tuple(
-                PoolStatus(
-                    resource=r.resource_name,
-                    devices=len(r.state.devices),
-                    healthy=r.state.healthy_count(),
-                    hcas=r.selected_hca_count,
-                    missing=r.missing_hcas,
-                    registered=bool(self.lifecycle.registered.get(r.resource_name)),
-                    registrations=self.lifecycle.registrations.get(r.resource_name, 0),
-                    selected=r.selected_hcas,
-                )
-                for r in self.runtimes
-            ),
-            kubelet_restarts=self.lifecycle.kubelet_restarts,
-            allocations=dict(self.allocations.total),
-            ipv6_ready=self._ipv6_ready,
-            counters=self.health.counters,
-            state_changes=self.health.state_changes,
-            sysfs_stalls=self.reader.stalls_total + self.files.stalls_total + (
-                self.dra.file_stalls if self.dra is not None else 0),
-            discovery_errors=self.health.discovery_errors,
-            started=self.started,
-            health_last_pass=self.health.last_pass,
-            dead_tasks=tuple(self.supervisor.dead),
-            health_stale_after=max(STALE_PASSES * self.settings.health_poll_seconds,
-                                   2 * self.read_deadline + 5.0),
-            dra=None if self.dra is None else DraStatus(
-                registered=self.dra.registered,
-                registrations=self.dra.registrations,
-                prepared_claims=len(self.dra.prepared),
-                publish_error=self.dra.publish_error,
-                published=self.dra.published_since_start,
-                prepares=dict(self.dra.claims.prepare_results),
-                unprepares=dict(self.dra.claims.unprepare_results),
-                prepare_seconds=self.dra.claims.prepare_seconds.counts(),
-                bandwidth_capacity=self.dra.bandwidth_capacity,
-                bandwidth_held=self.dra.bandwidth_held,
-                api_requests=self.dra.api_requests,
-                api_wait_seconds=self.dra.api_wait_seconds,
-            ),
-        )
-
-    # --- following the node -----------------------------------------------------------
-    # Each follower runs in a task of its own (HealthWatcher.follow): a CDI directory on a
-    # hung filesystem must not hold back a DRA taint, nor the other way round.
-
-    async def judge_node(self, inventory: NodeInventory) -> None:
-        """The non-hostNetwork findings and the IPv6 gauge, from the pools' HCAs."""
-        pool_hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
-        # Judged from the pools' HCAs whether or not the switch is on: the node findings
-        # only look when it is, and an operator reads the gauge to decide whether to
-        # turn it on. Only GIDs decide it, and a port's GIDs are the very same tuple
-        # until a discovery reads them again: every GID of every port is read once
-        # per discovery, not once per port-state change.
-        gids = tuple(p.gids for h in pool_hcas.values() for p in h.ports)
-        seen = self._ipv6_gids
-        if seen is None or len(seen) != len(gids) or any(
-                a is not b for a, b in zip(seen, gids, strict=True)):
-            self._ipv6_gids = gids
-            # Tens of thousands of GIDs on a large node: judged on a worker thread.
-            hcas = tuple(pool_hcas.values())
-            self._ipv6_ready = not await asyncio.to_thread(ipv6_missing, hcas)
-        self._say_late_exclusive_overlap(inventory.hcas)
-        findings = evaluate_node(inventory, self.settings, self.runtimes)
-        if findings != self.findings:
-            findings.log_changes(self.findings)
-            self.findings = findings
-
-    async def _keep_cdi(self) -> None:
-        """Write the spec for every new inventory, and again when something removed or
-        changed it (looked at every ``cdi_check_seconds``)."""
-        path = os.path.join(self.settings.cdi.spec_dir, SPEC_FILE)
-        seen = self.health.inventories.generation
-        while True:
-            generation = await self.health.inventories.wait_newer(seen, self.cdi_check_seconds)
-            news, seen = generation != seen, generation
-            if await self._write_cdi(self.health.inventory) and not news:
-                log.warning("the CDI spec %s was removed or changed; written again", path)
-
-    async def _write_cdi(self, inventory: NodeInventory | None) -> bool:
-        """Write the spec if it differs from the file; True when it was (re)written."""
-        if inventory is None:
-            return False
-        hcas = {h.name: h for r in self.runtimes for h in r.view.hcas}
-        spec = build_spec(hcas.values(), inventory.rdma_cm)
-        spec_dir = self.settings.cdi.spec_dir
-        try:
-            written = await self.files.run(
-                f"the CDI spec in {spec_dir}", lambda: write_spec(spec_dir, spec))
-            self._cdi_error.clear()
-            return written
-        except (OSError, Stalled) as exc:
-            message = f"cannot write the CDI spec in {spec_dir}: {exc}"
-            if self._cdi_error.set(message):
-                log.error("%s; pods allocated now will not get their devices", message)
-            return False
+        """The daemon's state now, as one frozen record (what the endpoints read)."""
+        return self.snapshot.take()
 
     # --- SIGHUP -----------------------------------------------------------------------
 
@@ -279,18 +154,8 @@ class Daemon:
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
         await self._start_events()
-        twice = {name: who for name, who in overlapping_hcas(self.settings,
-                                                              inventory.hcas).items()
-                 if "dra" in who}
         try:
-            if twice:
-                raise ConfigError(
-                    "dra.selectors",
-                    ", ".join(f"{n} ({' and '.join(w)})" for n, w in twice.items()),
-                    "an HCA is offered by DRA and by a device plugin pool at once; give "
-                    "dra.selectors and the pools' selectors HCAs apart, or set "
-                    "devicePlugin.enabled: false")
-            self._check_pools_apart(inventory.hcas)
+            self.overlaps.refuse_at_start(inventory.hcas)
         except ConfigError as exc:
             if self.node_events is not None:
                 # Beside the exit, where `kubectl describe node` shows it; bounded.
@@ -312,9 +177,9 @@ class Daemon:
             await self.health.refresh_counters()
         # What the followers do for later inventories is done once for the first one
         # before anything is served: a pod allocated at once must find its CDI devices.
-        await self.judge_node(inventory)
+        await self.node_judge.judge(inventory)
         if self.settings.cdi.enabled:
-            await self._write_cdi(inventory)
+            await self.cdi.write(inventory)
         if self.runtimes:
             # DRA alone has no device-plugins directory to wait for.
             await self.lifecycle.start()
@@ -327,13 +192,13 @@ class Daemon:
             self._tasks.append(self.supervisor.spawn(
                 "dra-follow", self.health.follow(self.dra.update, seen)))
         self._tasks.append(self.supervisor.spawn(
-            "node-findings", self.health.follow(self.judge_node, seen)))
+            "node-findings", self.health.follow(self.node_judge.judge, seen)))
         if self.node_events is not None:
             self._tasks.append(self.supervisor.spawn(
                 "node-events", self.health.follow(self._tell_node, seen)))
         self._tasks.append(self.supervisor.spawn("health", self.health.run()))
         if self.settings.cdi.enabled:
-            self._tasks.append(self.supervisor.spawn("cdi-spec", self._keep_cdi()))
+            self._tasks.append(self.supervisor.spawn("cdi-spec", self.cdi.keep()))
 
     async def _start_events(self) -> None:
         """The node's recorder, when the DRA driver runs (its account may write Events) or
@@ -363,53 +228,6 @@ class Daemon:
         if self.node_events is not None:
             self.node_events.observe(inventory)
 
-    def _say_late_exclusive_overlap(self, hcas: Sequence[Hca]) -> None:
-        """HCAs that appeared after start in an exclusive pool and another: said once each.
-
-        At start that is a config error (status 2); a running daemon keeps serving its pods,
-        and the next start refuses the config with the same words.
-        """
-        if not self._pools_checked:
-            return  # start checks them first, and refuses the config instead
-        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
-            new = [n for n in names if self._told_shared_exclusive.first(
-                f"{n} {exclusive} {other}")]
-            if new:
-                log.error("%s in the exclusive pool %s and in the pool %s: an exclusive "
-                          "pool gives each HCA to one pod only, so pods of both may share "
-                          "it; give the pools selectors that keep their HCAs apart (a "
-                          "restart refuses this config)", _held_by(new), exclusive, other)
-
-    def _exclusive_overlaps(self, hcas: Sequence[Hca]) -> dict[tuple[str, str], list[str]]:
-        """(exclusive pool, other pool) -> the HCAs both hold, for each such pair."""
-        out: dict[tuple[str, str], list[str]] = {}
-        for name, a, b in pools_sharing(self.settings, hcas):
-            pair = exclusive_first(a, b)
-            if pair is not None:
-                held = out.setdefault((pair[0].resource_name, pair[1].resource_name), [])
-                if name not in held:
-                    held.append(name)
-        return out
-
-    def _check_pools_apart(self, hcas: Sequence[Hca]) -> None:
-        """An HCA in an exclusive pool and another pool is a config error; shared pools
-        may hold a same HCA (their pods then share it), said once here."""
-        for (exclusive, other), names in self._exclusive_overlaps(hcas).items():
-            raise ConfigError(
-                "pools", ", ".join(names), f"{_held_by(names)} in the exclusive pool "
-                f"{exclusive} and in the pool {other}: an exclusive pool gives each HCA to one "
-                "pod only; give the pools selectors that keep their HCAs apart")
-        shared: dict[str, list[str]] = {}
-        for name, a, b in pools_sharing(self.settings, hcas):
-            for pool in (a, b):
-                holders = shared.setdefault(name, [])
-                if pool.resource_name not in holders:
-                    holders.append(pool.resource_name)
-        if shared:
-            log.info("shared pools hold the same HCA(s), whose pods share them: %s",
-                     "; ".join(f"{n} in {', '.join(p)}" for n, p in shared.items()))
-        self._pools_checked = True
-
     async def stop(self) -> None:
         """Stop every task and close every server, whatever state they are in.
 
@@ -419,26 +237,24 @@ class Daemon:
         """
         self.supervisor.stopping()
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        await _settle(tasks, "the daemon's tasks")
+        await cancel_all(tasks, within=STOP_STEP, what="the daemon's tasks")
         lifecycle = asyncio.ensure_future(self.lifecycle.stop())
-        await _settle([lifecycle], "the kubelet lifecycle")
+        await settle([lifecycle], within=STOP_STEP, what="the kubelet lifecycle")
         if not lifecycle.done() or lifecycle.cancelled() or lifecycle.exception() is not None:
             # A lifecycle task that died re-raises in its stop; its servers must still go.
             for server in list(self.lifecycle.servers.values()):
-                await _settle([asyncio.ensure_future(server.stop())], f"the {server.path} server")
+                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
             self.lifecycle.servers.clear()
             self.lifecycle.remove_sockets()
         if self.dra is not None:
-            await _settle([asyncio.ensure_future(self.dra.stop())], "the DRA driver")
+            await settle([self.dra.stop()], within=STOP_STEP, what="the DRA driver")
         if self.http is not None:
-            await _settle([asyncio.ensure_future(self.http.stop())], "the HTTP server")
+            await settle([self.http.stop()], within=STOP_STEP, what="the HTTP server")
             self.http = None
         if self.node_events is not None:
             recorder, self.node_events = self.node_events.recorder, None
-            await _settle([asyncio.ensure_future(recorder.close(grace=EVENTS_GRACE))],
-                          "the Event recorder")
+            await settle([recorder.close(grace=EVENTS_GRACE)], within=STOP_STEP,
+                         what="the Event recorder")
 
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:
@@ -465,11 +281,9 @@ class Daemon:
         finally:
             stopped.cancel()
             log.info("stopping: closing the servers and removing our sockets")
-            try:
-                await asyncio.wait_for(self.stop(), STOP_DEADLINE)
-            except TimeoutError:
+            if await settle([self.stop()], within=STOP_DEADLINE, what="the daemon"):
                 # Shutdown must end: say what was stuck, then leave no socket behind.
                 stuck = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
-                          "; ".join(_describe(t) for t in stuck))
+                          "; ".join(describe(t) for t in stuck))
                 self.lifecycle.remove_sockets()

@@ -7,13 +7,24 @@ otherwise start a thread each time, which is most of an idle daemon's CPU, and s
 one waits until it runs). A thread stuck in a call never comes back, so the next call
 starts a fresh one: a stuck call costs one thread. When the stuck call returns at last,
 its thread rejoins the pool.
+
+Every thread of the daemon is one of these: calls that can hang on the machine or a
+filesystem go through ``kit.offloop`` (a deadline, one stuck call per key), work that
+always ends (rendering a scrape, judging GIDs) or that its caller gives no deadline through
+:meth:`Workers.run`. Nothing in the daemon calls ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
+T = TypeVar("T")
 
 IDLE_NAME = "rdma-hca-idle"
 
@@ -45,6 +56,24 @@ class Workers:
                 raise NoThread(str(err)) from err
         inbox.put((target, name, then))
 
+    async def run(self, fn: Callable[[], T], name: str) -> T:
+        """``fn()`` on a pooled thread named ``name``, awaited: ``asyncio.to_thread`` on the
+        project's own threads, with no deadline. A caller cancelled meanwhile stops
+        waiting; the thread finishes the call and rejoins the pool."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+
+        def work() -> None:
+            try:
+                value = fn()
+            except BaseException as exc:  # handed to the awaiting task
+                _answer(loop, answer, partial(answer.set_exception, exc))
+            else:
+                _answer(loop, answer, partial(answer.set_result, value))
+
+        self.submit(work, name)
+        return await answer
+
     def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
         me = threading.current_thread()
         while True:
@@ -55,6 +84,17 @@ class Workers:
                 self._idle.append(inbox)
             if then is not None:
                 then()
+
+
+def _answer(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[T],
+            give: Callable[[], None]) -> None:
+    def hand_over() -> None:
+        if not answer.done():  # a caller that was cancelled takes nothing
+            give()
+
+    # The loop may have closed while the call ran: nobody waits for it any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(hand_over)
 
 
 WORKERS = Workers()

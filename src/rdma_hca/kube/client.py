@@ -36,7 +36,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rdma_hca.kit.backoff import Backoff, Clock, Sleep
 from rdma_hca.kit.offloop import OffLoop, Stalled
+from rdma_hca.kit.workers import WORKERS
 from rdma_hca.kube.credentials import Credentials, CredentialSearch, load_credentials
 from rdma_hca.kube.errors import (
     ApiError,
@@ -46,15 +48,7 @@ from rdma_hca.kube.errors import (
     NotFoundError,
     UnreachableError,
 )
-from rdma_hca.kube.policy import (
-    Backoff,
-    ClientPolicy,
-    Clock,
-    Priority,
-    Sleep,
-    TokenBucket,
-    retry_after,
-)
+from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_after
 from rdma_hca.kube.tally import ApiTally
 
 T = TypeVar("T")
@@ -92,7 +86,7 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
 async def off_loop(off: OffLoop | None, what: str, fn: Callable[[], T]) -> T:
     """``fn()`` off the event loop: on ``off`` within its deadline, else on a thread."""
     if off is None:
-        return await asyncio.to_thread(fn)
+        return await WORKERS.run(fn, "rdma-hca-kube")
     try:
         return await off.run(what, fn)
     except Stalled as exc:

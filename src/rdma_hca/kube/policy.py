@@ -1,5 +1,6 @@
 """How the client paces itself, as client-go does: token buckets (QPS and burst), waits
-that grow exponentially with jitter, and the server's ``Retry-After`` when it gives one.
+that grow exponentially with jitter (``kit.backoff``), and the server's ``Retry-After``
+when it gives one.
 
 A client may hold several budgets, each a bucket of its own (the DRA driver: the claim
 reads a pod's start waits for, and what the driver sends on its own); inside one bucket,
@@ -11,24 +12,26 @@ Clock, sleep and randomness are injected, so tests step through waits without wa
 from __future__ import annotations
 
 import asyncio
-import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import IntEnum
+
+from rdma_hca.kit.backoff import BACKOFF_FIRST, BACKOFF_MAX
+
+# The backoff lives in kit.backoff, the one of the project; these four names are still read
+# from here by modules that have not moved to it yet.
+from rdma_hca.kit.backoff import Backoff as Backoff
+from rdma_hca.kit.backoff import Clock as Clock
+from rdma_hca.kit.backoff import Sleep as Sleep
+from rdma_hca.kit.backoff import jittered as jittered
 
 # client-go's rest.Config defaults (DefaultQPS, DefaultBurst in k8s.io/client-go/rest).
 DEFAULT_QPS = 5.0
 DEFAULT_BURST = 10
 # client-go retries a request the server asked to be retried (Retry-After) up to 10 times.
 DEFAULT_MAX_RETRIES = 10
-BACKOFF_FIRST = 0.2
-BACKOFF_MAX = 30.0
 # Whatever the server asks, one wait is never longer than this: a deadline bounds the call.
 RETRY_AFTER_MAX = 60.0
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 class Priority(IntEnum):
@@ -128,25 +131,6 @@ class TokenBucket:
         return waited
 
 
-class Backoff:
-    """Exponential waits with full jitter: attempt n waits uniformly in [d/2, d], d = first·2ⁿ."""
-
-    def __init__(self, first: float = BACKOFF_FIRST, most: float = BACKOFF_MAX, *,
-                 rng: random.Random | None = None) -> None:
-        self.first = first
-        self.most = most
-        self._rng = rng or random.Random()
-        self.attempt = 0
-
-    def next(self) -> float:
-        step = min(self.most, self.first * (2 ** self.attempt))
-        self.attempt += 1
-        return float(step / 2 + self._rng.random() * step / 2)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 def retry_after(value: str | None) -> float | None:
     """Seconds of a ``Retry-After`` header (delta-seconds; an HTTP date counts as 1 s, as
     client-go does with anything it cannot read as seconds); None when absent."""
@@ -157,11 +141,3 @@ def retry_after(value: str | None) -> float | None:
     except ValueError:
         return 1.0
     return min(max(seconds, 0.0), RETRY_AFTER_MAX)
-
-
-def jittered(seconds: float, fraction: float, rng: random.Random | None = None) -> float:
-    """``seconds`` moved by up to ``fraction`` of itself either way (a fleet spreads out)."""
-    if seconds <= 0 or fraction <= 0:
-        return max(seconds, 0.0)
-    r = (rng or random).random()
-    return seconds * (1 - fraction + 2 * fraction * r)

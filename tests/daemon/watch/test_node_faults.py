@@ -142,8 +142,8 @@ async def test_a_removed_or_changed_cdi_spec_is_written_again(
         node: SimNode, plugin_dir: Path, tmp_path: Path, kubelet: KubeletEmulator,
         caplog: pytest.LogCaptureFixture) -> None:
     cdi = tmp_path / "cdi"
-    d = Daemon(make_settings(node, plugin_dir, cdi=CdiConfig(True, str(cdi))), netlink=False)
-    d.cdi_check_seconds = 0.05
+    d = Daemon(make_settings(node, plugin_dir, cdi=CdiConfig(True, str(cdi))), netlink=False,
+               cdi_check_seconds=0.05)
     await d.start()
     try:
         spec = cdi / SPEC_FILE

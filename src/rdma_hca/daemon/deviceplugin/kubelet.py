@@ -42,6 +42,7 @@ from rdma_hca.daemon.deviceplugin.registration import (
 )
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import cancel_all, unless, wait_event
+from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.dirwatch import watch_dir
 
 __all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
@@ -177,12 +178,13 @@ class KubeletLifecycle:
             server.remove_socket()
 
     async def _reconcile_loop(self) -> None:
-        delay = 0.0
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             await self._wake.wait()
             self._wake.clear()
             if self._hurry:
-                delay, self._hurry = 0.0, False
+                backoff.reset()
+                self._hurry = False
             failed = not self._dir_ready()
             if not failed:
                 for resource in sorted(self.pools):
@@ -198,16 +200,15 @@ class KubeletLifecycle:
             for p in self.pools.values():
                 p.state = State.REGISTERED if p.current(kubelet) else State.OWED
             if self.ready():
-                delay = 0.0
+                backoff.reset()
                 continue
             if not failed:
                 # Something changed while a Register was in flight: look again now.
                 self._wake.set()
                 continue
             self.failed_passes += 1
-            delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
-            # Retry after the delay, or at once when something new happens.
-            await wait_event(self._wake, delay)
+            # Retry after the backoff's wait, or at once when something new happens.
+            await wait_event(self._wake, backoff.next())
             self._wake.set()
 
     def _dir_ready(self) -> bool:

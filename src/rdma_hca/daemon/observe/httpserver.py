@@ -36,6 +36,7 @@ from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
 from rdma_hca.daemon.observe.port_metrics import PortText
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.kit.probe import UNIX_PATH_MAX
+from rdma_hca.kit.workers import WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,8 @@ class MetricsServer:
         if path == "/metrics":
             if self.on_scrape is not None:
                 self.on_scrape()
-            body = await asyncio.to_thread(render, self.status(), self.collectors,
-                                           self.rejected, self._ports)
+            args = (self.status(), self.collectors, self.rejected, self._ports)
+            body = await WORKERS.run(lambda: render(*args), "rdma-hca-scrape")
             return 200, CONTENT_TYPE, body
         if path == "/healthz":
             alive = self.status().liveness(time.time())

@@ -8,18 +8,16 @@ over real unix sockets, in the kubelet's order, so the plugin's real code can be
 unchanged. The facts reproduced here are collected in ``kubelet-deviceplugin-api.md``.
 
 It is a test double, not part of the daemon's serving path: nothing in the daemon imports it.
-This module holds the emulator itself (registration, ListAndWatch, state);
-``kubelet_rules`` what the kubelet checks and says, ``kubelet_records`` what it knows,
-``kubelet_admission`` its calls into the plugin for pods, ``kubelet_checkpoint`` its
-checkpoint file.
+This module holds the emulator itself (its life cycle, registration, state);
+``kubelet_streams`` its reading of ListAndWatch, ``kubelet_rules`` what the kubelet checks
+and says, ``kubelet_records`` what it knows, ``kubelet_admission`` its calls into the plugin
+for pods, ``kubelet_checkpoint`` its checkpoint file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,6 @@ import grpc
 import grpc.aio
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.devkit.sim.kubelet_admission import PodAdmission
 from rdma_hca.devkit.sim.kubelet_records import Endpoint, PodDevices, ResourceState
 from rdma_hca.devkit.sim.kubelet_rules import (
     API_VERSION,
@@ -38,7 +35,6 @@ from rdma_hca.devkit.sim.kubelet_rules import (
     CHECKPOINT_NAME,
     HEALTHY,
     KUBELET_SOCKET,
-    MAX_DEVICE_ID_LEN,
     MAX_EVENTS,
     RECENT_EVENTS_IN_ERRORS,
     UNIX_PATH_MAX,
@@ -49,6 +45,8 @@ from rdma_hca.devkit.sim.kubelet_rules import (
     resource_name_problem,
     rpc_error_text,
 )
+from rdma_hca.devkit.sim.kubelet_streams import StreamReader, bounded
+from rdma_hca.kit.aio import cancel_all
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
@@ -76,7 +74,7 @@ class _RegistrationService(api_pb2_grpc.RegistrationServicer):
         return await self._kubelet._handle_register(request, context)
 
 
-class KubeletEmulator(PodAdmission):
+class KubeletEmulator(StreamReader):
     """The kubelet's half of the device plugin protocol, on ``<plugin_dir>/kubelet.sock``.
 
     State (capacity, allocatable, device lists, events) is readable at any time; ``wait_for``
@@ -166,7 +164,7 @@ class KubeletEmulator(PodAdmission):
         """
         server, self._server = self._server, None
         if server is not None:
-            await _bounded(asyncio.ensure_future(server.stop(None)), "stopping the kubelet server")
+            await bounded(asyncio.ensure_future(server.stop(None)), "stopping the kubelet server")
         for resource in self._resources.values():
             endpoint, resource.endpoint = resource.endpoint, None
             resource.usable = False
@@ -175,11 +173,7 @@ class KubeletEmulator(PodAdmission):
         for endpoint in list(self._superseded):
             await self._close_endpoint(endpoint)
         self._superseded.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(list(self._tasks))
         if server is not None:
             await self._note("kubelet stopped")
 
@@ -199,11 +193,8 @@ class KubeletEmulator(PodAdmission):
         endpoint = state.endpoint if state is not None else None
         if endpoint is None or endpoint.ended or endpoint.closing:
             raise RuntimeError(f"no live ListAndWatch stream for {resource} to drop")
-        reader = endpoint.reader
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        if endpoint.reader is not None:
+            await cancel_all([endpoint.reader])
         await self._stream_ended(endpoint, "dropped by the kubelet")
 
     async def restart(self, delay: float = 0.0) -> None:
@@ -398,126 +389,3 @@ class KubeletEmulator(PodAdmission):
             raise
         self._serial += 1
         return Endpoint(resource, target, channel, stub, options, self._serial)
-
-    def _start_reader(self, endpoint: Endpoint) -> None:
-        state = self._resources.get(endpoint.resource)
-        if self._server is None or state is None or state.endpoint is not endpoint:
-            return
-        if endpoint.closing or endpoint.reader is not None:
-            return
-        task = asyncio.get_running_loop().create_task(self._read_stream(endpoint))
-        endpoint.reader = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _close_endpoint(self, endpoint: Endpoint) -> None:
-        """Drop a registration we no longer want, without counting it as a plugin failure."""
-        endpoint.closing = True
-        reader = endpoint.reader
-        if reader is not None and reader is not asyncio.current_task():
-            reader.cancel()
-            await _bounded(reader, f"the ListAndWatch reader of {endpoint.resource}")
-        await _bounded(asyncio.ensure_future(endpoint.channel.close(None)),
-                       f"closing the channel to {endpoint.target}")
-
-    # -- ListAndWatch ------------------------------------------------------------------
-
-    async def _read_stream(self, endpoint: Endpoint) -> None:
-        await self._note(f"ListAndWatch started for {endpoint.resource} at {endpoint.target}")
-        call = endpoint.stub.ListAndWatch(api_pb2.Empty())
-        try:
-            async for response in call:
-                await self._apply_list(endpoint, response)
-            reason = "the plugin closed the stream"
-        except grpc.aio.AioRpcError as err:
-            reason = rpc_error_text(err)
-        finally:
-            call.cancel()
-        if endpoint.closing:
-            return
-        if endpoint in self._superseded:
-            await self._superseded_stream_ended(endpoint, reason)
-            return
-        await self._stream_ended(endpoint, reason)
-
-    async def _apply_list(
-        self, endpoint: Endpoint, response: api_pb2.ListAndWatchResponse
-    ) -> None:
-        state = self._resources.get(endpoint.resource)
-        if state is None or state.endpoint is not endpoint or endpoint.closing:
-            return
-        devices: dict[str, api_pb2.Device] = {}
-        for device in response.devices:
-            if not device.ID or len(device.ID) > MAX_DEVICE_ID_LEN:
-                self._record(
-                    f"{endpoint.resource}: ignored device ID {device.ID!r} "
-                    f"({len(device.ID)} characters; must be 1 to {MAX_DEVICE_ID_LEN})"
-                )
-                continue
-            if device.ID in devices:
-                self._record(f"{endpoint.resource}: device ID {device.ID!r} listed twice")
-            copy = api_pb2.Device()
-            copy.CopyFrom(device)
-            devices[device.ID] = copy
-        state.devices = devices
-        state.usable = True
-        healthy = sum(1 for d in devices.values() if d.health == HEALTHY)
-        await self._note(
-            f"list update for {endpoint.resource}: {len(devices)} devices, {healthy} healthy"
-        )
-
-    async def _stream_ended(self, endpoint: Endpoint, reason: str) -> None:
-        """The plugin went away: every device counts unhealthy at once and stays counted.
-
-        The kubelet never re-opens an ended stream; only a new registration brings the
-        resource back.
-        """
-        endpoint.ended = True
-        state = self._resources.get(endpoint.resource)
-        current = state is not None and state.endpoint is endpoint
-        if state is not None and current:
-            state.usable = False
-        await endpoint.channel.close(None)
-        kept = len(state.devices) if state is not None else 0
-        await self._note(
-            f"ListAndWatch stream for {endpoint.resource} ended ({reason}); all {kept} devices "
-            "marked unhealthy until the plugin registers again"
-        )
-
-    async def _superseded_stream_ended(self, old: Endpoint, reason: str) -> None:
-        """Kubelet >= 1.26: an old stream ending disconnects the resource's current client."""
-        self._superseded.discard(old)
-        old.ended = True
-        await old.channel.close(None)
-        state = self._resources.get(old.resource)
-        current = state.endpoint if state is not None else None
-        if state is None or current is None or current.ended or current.closing:
-            await self._note(f"superseded ListAndWatch stream for {old.resource} ended ({reason})")
-            return
-        current.ended = True
-        current.closing = True  # its own stream end is this same disconnect, not a new one
-        state.usable = False
-        reader = current.reader
-        if reader is not None:
-            reader.cancel()
-        await current.channel.close(None)
-        await self._note(
-            f"superseded ListAndWatch stream for {old.resource} at {old.target} ended "
-            f"({reason}) and disconnected the current registration at {current.target}; all "
-            f"{len(state.devices)} devices marked unhealthy until the plugin registers again"
-        )
-
-
-CLOSE_WAIT = 5.0
-
-
-async def _bounded(future: asyncio.Future[Any], what: str) -> None:
-    """Wait for a closing step, but never forever: a test harness that hangs in its teardown
-    hides the failure it was there to show. A step still running is named and left."""
-    done, _ = await asyncio.wait({future}, timeout=CLOSE_WAIT)
-    if not done:
-        print(f"kubelet emulator: {what} did not finish within {CLOSE_WAIT:g} s; left running",
-              file=sys.stderr)
-        return
-    with contextlib.suppress(asyncio.CancelledError):
-        future.result()

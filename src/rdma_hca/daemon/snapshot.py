@@ -1,0 +1,100 @@
+"""The daemon's state now, as the one frozen record /metrics and the probes read.
+
+The endpoints never reach into the daemon's parts: each scrape or probe takes a
+:class:`~rdma_hca.daemon.observe.status.Status` built here from them, cheaply (no
+per-HCA work), so a render off the loop reads values no task can change under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from rdma_hca import __version__
+from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
+from rdma_hca.daemon.dra import DraDriver
+from rdma_hca.daemon.findings import NodeJudge
+from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+from rdma_hca.daemon.offer.nodeevents import stats as event_stats
+from rdma_hca.daemon.supervise import Supervisor
+from rdma_hca.daemon.watch.health import HealthWatcher
+from rdma_hca.daemon.watch.machine import MachineReader
+from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kube.events import EventRecorder
+
+STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
+
+
+class StatusSnapshot:
+    """``recorder`` gives the node's Event recorder once start has made one."""
+
+    def __init__(self, *, runtimes: Sequence[PoolRuntime], lifecycle: KubeletLifecycle,
+                 allocations: AllocationStats, health: HealthWatcher, reader: MachineReader,
+                 files: OffLoop, supervisor: Supervisor, judge: NodeJudge,
+                 dra: DraDriver | None, recorder: Callable[[], EventRecorder | None],
+                 health_poll_seconds: float, read_deadline: float) -> None:
+        self.runtimes = runtimes
+        self.lifecycle = lifecycle
+        self.allocations = allocations
+        self.health = health
+        self.reader = reader
+        self.files = files
+        self.supervisor = supervisor
+        self.judge = judge
+        self.dra = dra
+        self.recorder = recorder
+        self.started = time.time()
+        self.health_stale_after = max(STALE_PASSES * health_poll_seconds,
+                                      2 * read_deadline + 5.0)
+
+    def take(self) -> Status:
+        """The daemon's state now, as one frozen record."""
+        inv = self.health.inventory
+        recorder = self.recorder()
+        return Status(
+            version=__version__,
+            hcas=inv.hcas if inv is not None else (),
+            gpus=inv.gpus if inv is not None else (),
+            events=None if recorder is None else event_stats(recorder),
+            pools=tuple(
+                PoolStatus(
+                    resource=r.resource_name,
+                    devices=len(r.state.devices),
+                    healthy=r.state.healthy_count(),
+                    hcas=r.selected_hca_count,
+                    missing=r.missing_hcas,
+                    registered=bool(self.lifecycle.registered.get(r.resource_name)),
+                    registrations=self.lifecycle.registrations.get(r.resource_name, 0),
+                    selected=r.selected_hcas,
+                )
+                for r in self.runtimes
+            ),
+            kubelet_restarts=self.lifecycle.kubelet_restarts,
+            allocations=dict(self.allocations.total),
+            ipv6_ready=self.judge.ipv6_ready,
+            counters=self.health.counters,
+            state_changes=self.health.state_changes,
+            sysfs_stalls=self.reader.stalls_total + self.files.stalls_total + (
+                self.dra.file_stalls if self.dra is not None else 0),
+            discovery_errors=self.health.discovery_errors,
+            started=self.started,
+            health_last_pass=self.health.last_pass,
+            dead_tasks=tuple(self.supervisor.dead),
+            health_stale_after=self.health_stale_after,
+            dra=None if self.dra is None else DraStatus(
+                registered=self.dra.registered,
+                registrations=self.dra.registrations,
+                prepared_claims=len(self.dra.prepared),
+                publish_error=self.dra.publish_error,
+                published=self.dra.published_since_start,
+                prepares=dict(self.dra.claims.prepare_results),
+                unprepares=dict(self.dra.claims.unprepare_results),
+                prepare_seconds=self.dra.claims.prepare_seconds.counts(),
+                bandwidth_capacity=self.dra.bandwidth_capacity,
+                bandwidth_held=self.dra.bandwidth_held,
+                api_requests=self.dra.api_requests,
+                api_wait_seconds=self.dra.api_wait_seconds,
+            ),
+        )
