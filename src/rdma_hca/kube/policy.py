@@ -147,16 +147,17 @@ class Backoff:
         self.attempt = 0
 
 
-def retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None, most: float = RETRY_AFTER_MAX) -> float | None:
     """Seconds of a ``Retry-After`` header (delta-seconds; an HTTP date counts as 1 s, as
-    client-go does with anything it cannot read as seconds); None when absent."""
+    client-go does with anything it cannot read as seconds), at most ``most``; None when
+    absent."""
     if value is None or not value.strip():
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
         return 1.0
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX)
+    return min(max(seconds, 0.0), most)
 
 
 def jittered(seconds: float, fraction: float, rng: random.Random | None = None) -> float:
