@@ -125,7 +125,7 @@ async def test_uids_refuse_a_claim_gone_or_made_again(
     with pytest.raises(NotFoundError):  # the status subresource never creates
         await client.apply(PATH, body(entry(OURS, "dev-0")), field_manager=OURS)
     add_claim(api)  # made again under the name
-    with pytest.raises(ApiError, match="metadata.uid") as err:
+    with pytest.raises(ApiError, match=r"metadata\.uid") as err:
         await client.apply(PATH, body(entry(OURS, "dev-0"), uid=uid), field_manager=OURS)
     assert err.value.status == 422
     assert "devices" not in api.claim("ns", "c")["status"]
