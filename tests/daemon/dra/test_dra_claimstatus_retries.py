@@ -21,6 +21,7 @@ from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.daemon.dra.files import PreparedDevice
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import ClaimRef
+from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import OffLoop
@@ -219,3 +220,27 @@ async def test_retries_in_backoff_count_toward_the_bound(
 async def _until(condition: Any) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+async def test_an_update_mid_burst_loses_no_status(tmp_path: Path, api: FakeApiServer) -> None:
+    """The driver stopped while its status writes get no answer, and a new one started
+    over the same checkpoint: every claim's entry ends on the API server."""
+    dra_node = sim.gpu_node(tmp_path / "node", hcas=4, gid_table_size=8)
+    fast = with_changes(api_qps=1000.0, api_burst=1000)
+    async with DraStage(dra_node, tmp_path / "stage", api=api, node_name=NODE, config=fast,
+                        pod_uid="pod-a") as stage:
+        assert stage.kubelet is not None and await stage.registered()
+        assert await stage.until(lambda: bool(stage.devices()))
+        hang = api.hang(60, method="PATCH", path="/status", times=1 << 30)
+        uids = [api.add_claim("ns", f"c{i}", [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 4}"}])
+            for i in range(20)]
+        answers = await asyncio.gather(*(stage.kubelet.prepare(DRIVER, [("ns", u, f"c{i}")])
+                                         for i, u in enumerate(uids)))
+        assert all(a.claims[u].error == "" for a, u in zip(answers, uids, strict=True))
+        await stage.stop_driver()
+        assert all(not c["status"].get("devices") for c in api.cluster.resource_claims)
+        hang.times = 0
+        await stage.start_driver()
+        await stage.statuses_written(30)
+        assert all(len(c["status"]["devices"]) == 1 for c in api.cluster.resource_claims)

@@ -357,6 +357,8 @@ class ClaimStatusWriter:
                     if exc.status == 404:
                         self._mark(uid, False)
                         return None
+                    if 400 <= exc.status < 500 and exc.status != 429:
+                        return self._refused(intent, exc, where)
                     log.debug("cannot read %s to write its status: %s", where, exc)
                     return exc.retry_after or 0.0
             if claim.uid != uid:
