@@ -84,6 +84,18 @@ async def test_a_retry_after_beyond_the_budget_fails_at_once(
     assert sleeps.waits == []
 
 
+async def test_a_call_that_gives_up_still_says_what_the_server_asked(
+        api: FakeApiServer, client: ApiClient, sleeps: Sleeps) -> None:
+    api.fail(429, retry_after="7200")  # past the client's own cap of one wait, too
+    with pytest.raises(ApiError) as err:
+        await client.get(NODES)
+    assert err.value.retry_after == 7200.0 and sleeps.waits == []
+    api.fail(500)
+    with pytest.raises(ApiError) as err:
+        await client.get(NODES)
+    assert err.value.retry_after is None
+
+
 async def test_a_reset_get_is_tried_again_a_reset_write_is_not(
         api: FakeApiServer, client: ApiClient, sleeps: Sleeps) -> None:
     api.reset(method="GET")

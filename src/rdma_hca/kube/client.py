@@ -11,7 +11,12 @@ plain dicts: no model layer between the driver and the objects the server holds.
 - 429 and 503 are backpressure: the client waits what ``Retry-After`` says (or a growing,
   jittered backoff when the server says nothing) and tries again; any other 5xx is retried
   only when the server sent ``Retry-After``, as client-go does.
+  A call that gives up (its retries or its budget used up) raises an error that still
+  carries the server's ``Retry-After``, whatever its length, so that a caller with work of
+  its own to pace (the claim status writer) waits what the server asked.
 - A GET whose connection was reset is tried again; a write is not (it may have happened).
+- ``apply`` is server-side apply (``application/apply-patch+yaml``, a field manager):
+  the server merges what one manager owns with what others own.
 - One exchange is bounded by ``timeout``, a call with its retries by ``budget``: a caller
   always gets an answer or a one-line error in bounded time. Both count from when the
   request first goes out, not from when it was asked for: time spent waiting for a token
@@ -49,7 +54,7 @@ from rdma_hca.kube.errors import (
     UnreachableError,
 )
 from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_after
-from rdma_hca.kube.tally import ApiTally
+from rdma_hca.kube.tally import APPLY_PATCH, ApiTally
 
 T = TypeVar("T")
 
@@ -142,13 +147,24 @@ class ApiClient:
                   ) -> dict[str, Any]:
         return await self.request("GET", path, params=params, rate=rate, priority=priority)
 
+    async def apply(self, path: str, body: Mapping[str, Any], *, field_manager: str,
+                    force: bool = True, rate: str | None = None,
+                    priority: Priority = Priority.HIGH) -> dict[str, Any]:
+        """Server-side apply of ``body`` at ``path`` as ``field_manager``; ``force`` takes
+        over fields another manager set (their owner loses them, no 409)."""
+        params = {"fieldManager": field_manager, **({"force": "true"} if force else {})}
+        return await self.request("PATCH", path, body=body, params=params, rate=rate,
+                                  priority=priority, content_type=APPLY_PATCH)
+
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None, rate: str | None = None,
-                      priority: Priority = Priority.HIGH) -> dict[str, Any]:
+                      priority: Priority = Priority.HIGH,
+                      content_type: str | None = None) -> dict[str, Any]:
         """One API call with its retries; raises a :class:`KubeError` on failure.
 
         ``rate`` names the budget it takes tokens from (the policy's ``rates``; None: the
         client's own); ``priority`` LOW lets every HIGH request of that budget go first.
+        ``content_type`` of the body: None is JSON, and a JSON merge patch for a PATCH.
         """
         name = rate or self.policy.rate_name
         try:
@@ -165,7 +181,7 @@ class ApiClient:
                 deadline = self._clock() + self.policy.call_deadline
             # One exchange never outlives the call's deadline.
             limit = max(0.05, min(self.policy.timeout, deadline - self._clock()))
-            outcome, wait = await self._once(method, path, body, params, limit)
+            outcome, wait = await self._once(method, path, body, params, limit, content_type)
             if isinstance(outcome, dict):
                 return outcome
             error = outcome
@@ -179,7 +195,8 @@ class ApiClient:
             await self._sleep(wait)
 
     async def _once(self, method: str, path: str, body: Any, params: Mapping[str, str] | None,
-                    limit: float) -> tuple[dict[str, Any] | KubeError, float | None]:
+                    limit: float, content_type: str | None = None
+                    ) -> tuple[dict[str, Any] | KubeError, float | None]:
         """The answer, or (error, None when not to retry / seconds to wait / 0: backoff)."""
         import httpx2
         from lightkube.core.exceptions import ConfigError as LightkubeConfigError
@@ -188,9 +205,10 @@ class ApiClient:
         content: bytes | None = None
         if body is not None:
             content = json.dumps(body).encode()
-            # A PATCH is a JSON merge patch (RFC 7386): the server refuses plain JSON there.
-            headers["Content-Type"] = ("application/merge-patch+json" if method == "PATCH"
-                                       else "application/json")
+            # A PATCH is a JSON merge patch (RFC 7386) unless said otherwise: the server
+            # refuses plain JSON there. An apply patch is YAML, and JSON is YAML.
+            headers["Content-Type"] = content_type or (
+                "application/merge-patch+json" if method == "PATCH" else "application/json")
         url = self.server + path
         source = self.creds.source
         try:
@@ -200,9 +218,9 @@ class ApiClient:
                                        headers=headers),
                     limit)
             except BaseException:
-                self.tally.sent(method, path, None, params)
+                self.tally.sent(method, path, None, params, content_type)
                 raise
-            self.tally.sent(method, path, resp.status_code, params)
+            self.tally.sent(method, path, resp.status_code, params, content_type)
         except (TimeoutError, httpx2.TimeoutException):
             return UnreachableError(f"{method} {url}: no answer within {limit:.3g} s"), None
         except httpx2.TransportError as exc:
@@ -255,7 +273,9 @@ def _api_error(method: str, url: str, resp: Any) -> ApiError:
         message = resp.text.strip()[:200]
     text = f"{method} {url}: HTTP {code}" + (f": {message}" if message else "")
     kind = {404: NotFoundError, 409: ConflictError}.get(code, ApiError)
-    return kind(text, code, reason)
+    # Uncapped: the cap of a wait inside one call is not the caller's cap.
+    return kind(text, code, reason,
+                retry_after(resp.headers.get("Retry-After"), most=float("inf")))
 
 
 def _unreachable(exc: BaseException, creds: Credentials) -> UnreachableError:

@@ -16,14 +16,7 @@ import time
 from dataclasses import dataclass
 from enum import IntEnum
 
-from rdma_hca.kit.backoff import BACKOFF_FIRST, BACKOFF_MAX
-
-# The backoff lives in kit.backoff, the one of the project; these four names are still read
-# from here by modules that have not moved to it yet.
-from rdma_hca.kit.backoff import Backoff as Backoff
-from rdma_hca.kit.backoff import Clock as Clock
-from rdma_hca.kit.backoff import Sleep as Sleep
-from rdma_hca.kit.backoff import jittered as jittered
+from rdma_hca.kit.backoff import BACKOFF_FIRST, BACKOFF_MAX, Clock, Sleep
 
 # client-go's rest.Config defaults (DefaultQPS, DefaultBurst in k8s.io/client-go/rest).
 DEFAULT_QPS = 5.0
@@ -131,13 +124,14 @@ class TokenBucket:
         return waited
 
 
-def retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None, most: float = RETRY_AFTER_MAX) -> float | None:
     """Seconds of a ``Retry-After`` header (delta-seconds; an HTTP date counts as 1 s, as
-    client-go does with anything it cannot read as seconds); None when absent."""
+    client-go does with anything it cannot read as seconds), at most ``most``; None when
+    absent."""
     if value is None or not value.strip():
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
         return 1.0
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX)
+    return min(max(seconds, 0.0), most)

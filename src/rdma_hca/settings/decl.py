@@ -38,6 +38,7 @@ from rdma_hca.settings.model import (
     DEFAULT_READ_DEADLINE_SECONDS,
     DEFAULT_RESEND_SECONDS,
     DEFAULT_RESOURCE_NAME,
+    DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS,
     ENV_PREFIX,
     DeviceMetadata,
     LogFormat,
@@ -196,6 +197,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("dra.startJitterSeconds", Kind.FLOAT, DEFAULT_DRA_START_JITTER_SECONDS,
        "the first publish waits a random part of this, so a fleet restarting at once "
        "spreads out, seconds", minimum=0, maximum=600),
+    _s("dra.statusRetryAfterMaxSeconds", Kind.FLOAT, DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS,
+       "a claim status write the API server answers with Retry-After waits that long, at "
+       "most this, seconds", minimum=1, maximum=3600),
     _s("dra.deviceMetadata", Kind.ENUM, DeviceMetadata.OFF.value,
        "per-claim device metadata files (KEP-5304, docs/dra.md) mounted into the claim's "
        "containers: v1alpha1 (what Kubernetes 1.36 reads), v1beta1 (v1beta1, then "

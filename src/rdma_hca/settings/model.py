@@ -37,6 +37,7 @@ DEFAULT_CLAIM_API_QPS = 50.0
 DEFAULT_CLAIM_API_BURST = 100
 DEFAULT_DRA_RESYNC_SECONDS = RESYNC_SECONDS  # the driver's wire contract says it
 DEFAULT_DRA_START_JITTER_SECONDS = 5.0
+DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS = 60.0
 
 
 class ConfigError(ValueError):
@@ -182,6 +183,8 @@ class DraConfig:
     resync_seconds: float = DEFAULT_DRA_RESYNC_SECONDS
     # The first publish waits a random part of this, so a fleet restarting spreads out.
     start_jitter_seconds: float = DEFAULT_DRA_START_JITTER_SECONDS
+    # A claim status write waits what the server's Retry-After says, at most this.
+    status_retry_after_max_seconds: float = DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS
     # Per-request device metadata files (KEP-5304) mounted into the claim's containers.
     device_metadata: DeviceMetadata = DeviceMetadata.OFF
 

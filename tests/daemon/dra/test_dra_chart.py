@@ -62,10 +62,12 @@ def test_rbac_is_slices_its_node_its_claims_status_and_events_only(dra_render: R
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
-         "verbs": ["get", "update"]},
-        # 1.36: status.devices is authorized per driver, for the node the caller runs on.
+         "verbs": ["get", "update", "patch"]},
+        # 1.36: status.devices is authorized per driver, for the node the caller runs on
+        # (patch: the driver applies it server-side; update: a pod of an older release).
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
-         "verbs": ["associated-node:update"], "resourceNames": ["hca.example.com"]},
+         "verbs": ["associated-node:update", "associated-node:patch"],
+         "resourceNames": ["hca.example.com"]},
         # Events on the Pod of a failed Prepare and on the Node: written, never read.
         {"apiGroups": ["events.k8s.io", ""], "resources": ["events"],
          "verbs": ["create", "patch"]},

@@ -153,6 +153,7 @@ async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
             assert "checksum" in said[0] and Path(str(path) + ".corrupt").exists()
         claims, version = decode(path.read_text(), str(path))
         assert version == CHECKPOINT_VERSION and claims == prepared
+        await s.statuses_written()  # the start's status reads (one per claim) are done
         gets = _claim_gets(api)
         again = await s.kubelet.prepare(DRIVER, [("ns", u, f"c{i}") for i, u in enumerate(uids)])
         assert again == first and _claim_gets(api) == gets
@@ -172,10 +173,13 @@ async def test_a_version_1_checkpoint_is_migrated(
     with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.claims"):
         async with DraStage(dra_node, work, api=api) as s:
             assert s.kubelet is not None and await s.registered()
+            # The status writer reads each checkpoint claim once at start (here: gone, 404).
+            await s.statuses_written()
+            gets = _claim_gets(api)
             resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "old")])
             assert resp.claims[uid].error == ""
             assert [list(d.cdi_device_ids) for d in resp.claims[uid].devices] == [[cdi_id]]
-            assert _claim_gets(api) == 0  # from the migrated checkpoint
+            assert _claim_gets(api) == gets  # from the migrated checkpoint
     assert any("migrated from version 1 to 2" in r.getMessage() for r in caplog.records)
     data = json.loads((work / "checkpoint.json").read_text())
     assert data["version"] == CHECKPOINT_VERSION and data["checksum"].startswith("sha256:")

@@ -1,6 +1,6 @@
-"""The claim status writer on its own, against the fake API server: our entries written
-after Prepare and removed at Unprepare, other drivers' entries kept, conflicts retried, and
-one log line where the server does not take the field."""
+"""The claim status writer on its own, against the fake API server: our entries applied
+after Prepare and removed at Unprepare, other drivers' entries kept, another writer no
+conflict, and one log line where the server does not take the field."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from rdma_hca.contract.checkpoint import PreparedDevice
-from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
+from rdma_hca.contract.dra import GROUP_VERSION
+from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.kubeapi import SliceApi
+from rdma_hca.daemon.dra.kubeapi import SliceApi, claim_path
 from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
@@ -25,7 +26,8 @@ NODE = "node-a"
 GPU = "gpu.example.com"
 
 
-
+async def no_wait(seconds: float) -> None:
+    """The writer's backoff, passed at once."""
 
 
 
@@ -74,19 +76,21 @@ async def test_prepared_devices_get_an_entry_with_ready_and_network_data(
     assert entry["networkData"] == {"interfaceName": "eth1",
                                     "hardwareAddress": "b8:59:9f:d4:3c:23"}
     # Prepared again (a kubelet retry): nothing new to write.
-    puts = api.count("PUT")
+    puts = api.count("PATCH")
     await w.on_prepared(ref, PREPARED)
     await w.drained()
-    assert api.count("PUT") == puts
+    assert api.count("PATCH") == puts
 
 
 async def test_other_drivers_entries_stay_and_ours_go_at_unprepare(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
     ref = claim(api)
     gpu_entry = {"driver": GPU, "pool": NODE, "device": "gpu-0"}
-    stored = api.claim("ns", "c")
-    stored["status"]["devices"] = [gpu_entry]
-    await client.replace_claim_status(stored)  # the GPU driver wrote first
+    await client.client.apply(  # the GPU driver wrote first, as its own field manager
+        claim_path("ns", "c") + "/status",
+        {"apiVersion": GROUP_VERSION, "kind": "ResourceClaim",
+         "metadata": {"name": "c", "namespace": "ns"}, "status": {"devices": [gpu_entry]}},
+        field_manager=GPU)
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
     await w.drained()
@@ -96,7 +100,7 @@ async def test_other_drivers_entries_stay_and_ours_go_at_unprepare(
     assert devices(api) == [gpu_entry]
 
 
-async def test_a_concurrent_write_is_a_conflict_then_a_fresh_read(
+async def test_a_concurrent_write_is_no_conflict(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
     ref = claim(api)
     w = writer(client, node)
@@ -104,33 +108,38 @@ async def test_a_concurrent_write_is_a_conflict_then_a_fresh_read(
 
     def another_writer(record: Any) -> None:
         nonlocal touched
-        if record.method == "PUT" and not touched:
+        if record.method == "PATCH" and not touched:
             touched = True
             api.touch("resourceclaims", "ns", "c")
 
     api.on_request = another_writer
     await w.on_prepared(ref, PREPARED)
     await w.drained()
-    assert [e["device"] for e in devices(api)] == ["mlx5-1"]
-    assert api.count("PUT", "/status") == 2 and api.count("GET", "/resourceclaims/c") == 2
+    assert touched and [e["device"] for e in devices(api)] == ["mlx5-1"]
+    # An apply carries no resourceVersion: one read (for the allocation), one write.
+    assert api.count("PATCH", "/status") == 1 and api.count("GET", "/resourceclaims/c") == 1
 
 
-async def test_with_the_feature_gate_off_one_line_and_no_more_writes(
+async def test_with_the_feature_gate_off_one_line_per_writer_and_other_claims_go_on(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode,
         caplog: pytest.LogCaptureFixture) -> None:
     api.cluster.claim_device_status = False
     ref = claim(api)
+    other = ClaimRef("ns", api.add_claim("ns", "d", [
+        {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-1"}]), "d")
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
     await w.drained()
-    assert w.disabled is not None and "DRAResourceClaimDeviceStatus" in w.disabled
-    before = len(api.requests)
+    assert w.dropped == 1 and devices(api) == []
+    # The claim is not written again and again; the next claim is still tried.
+    await w.on_prepared(other, PREPARED)
+    await w.drained()
+    assert w.dropped == 2 and api.count("PATCH", "/resourceclaims/c/") == 1
+    assert sum("DRAResourceClaimDeviceStatus" in r.message for r in caplog.records) == 1
+    api.cluster.claim_device_status = True  # the gate on again (an API server update)
     await w.on_prepared(ref, PREPARED)
     await w.drained()
-    await w.on_unprepared(ref)
-    await w.drained()
-    assert len(api.requests) == before
-    assert sum("dropped status.devices" in r.message for r in caplog.records) == 1
+    assert [e["device"] for e in devices(api)] == ["mlx5-1"]
 
 
 async def test_refused_by_rbac_is_said_once(
@@ -138,12 +147,13 @@ async def test_refused_by_rbac_is_said_once(
         caplog: pytest.LogCaptureFixture) -> None:
     api.cluster.forbidden.add("resourceclaims/status")
     ref = claim(api)
-    w = writer(client, node)
+    w = writer(client, node, sleep=no_wait)
     await w.on_prepared(ref, PREPARED)
     await w.drained()
     await w.on_prepared(ref, PREPARED)
     await w.drained()
-    assert api.count("PUT") == 1
+    # Each state of the claim is sent at most three times, then left until it changes.
+    assert api.count("PATCH") == 2 * REFUSALS and w.refused == 2 * REFUSALS
     assert sum("resourceclaims/driver" in r.message for r in caplog.records) == 1
 
 
@@ -153,7 +163,7 @@ async def test_a_claim_made_again_under_the_name_is_left_alone(
     w = writer(client, node)
     await w.on_prepared(ClaimRef("ns", "another-uid", "c"), PREPARED)
     await w.drained()
-    assert devices(api) == [] and api.count("PUT") == 0
+    assert devices(api) == [] and api.count("PATCH") == 0
 
 
 async def test_addresses_go_in_where_a_source_knows_them(

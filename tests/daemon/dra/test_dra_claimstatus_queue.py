@@ -82,7 +82,7 @@ def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any) -> Cl
 
 
 def puts(api: FakeApiServer, name: str) -> int:
-    return api.count("PUT", f"/resourceclaims/{name}/status")
+    return api.count("PATCH", f"/resourceclaims/{name}/status")
 
 
 async def held(fault: Any, count: int = 1) -> None:
@@ -94,7 +94,7 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
     claims = Claims(api)
     busy, quiet = claims.add("busy"), claims.add("quiet")
     w = writer(client, node, claims, workers=1)
-    hold = api.hold(method="PUT", path="/busy/status")
+    hold = api.hold(method="PATCH", path="/busy/status")
     await w.on_prepared(busy, claims.prepare(busy))
     await held(hold)  # the one worker is busy: the next claim's write waits its turn
     await w.on_prepared(quiet, claims.prepare(quiet), api.claim("ns", "quiet"))
@@ -126,7 +126,7 @@ async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)
-    hold = api.hold(method="PUT", path="/c/status")
+    hold = api.hold(method="PATCH", path="/c/status")
     await w.on_prepared(ref, claims.prepare(ref))
     await held(hold)
     claims.prepared.pop(ref.uid)
@@ -145,7 +145,7 @@ async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
     claims = Claims(api)
     first, *rest = [claims.add(f"c{i}") for i in range(5)]
     w = writer(client, node, claims, workers=1, max_pending=2)
-    hold = api.hold(method="PUT", path="/c0/status")
+    hold = api.hold(method="PATCH", path="/c0/status")
     await w.on_prepared(first, claims.prepare(first), api.claim("ns", "c0"))
     await held(hold)
     for ref in rest:  # four more, two more than the queue holds, while the first is out
@@ -167,7 +167,7 @@ async def test_a_full_queue_of_removals_drops_the_oldest_and_says_so(
     for ref in refs:
         await w.on_prepared(ref, claims.prepare(ref))
     await asyncio.wait_for(w.drained(), 10)
-    hold = api.hold(method="PUT", path="/c0/status")
+    hold = api.hold(method="PATCH", path="/c0/status")
     for ref in refs:  # all unprepared while the server holds the first removal
         claims.prepared.pop(ref.uid)
         await w.on_unprepared(ref)
@@ -186,7 +186,7 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
     ref = claims.add("c")
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps)
-    api.fail(500, method="PUT", path="/status", times=3)
+    api.fail(500, method="PATCH", path="/status", times=3)
     await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("c")) == 1 and puts(api, "c") == 4
@@ -195,7 +195,7 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
     assert api.count("GET", "/resourceclaims/c") == 3
 
 
-async def test_a_conflict_is_read_again_and_applied_again(
+async def test_a_claim_written_since_prepare_read_it_is_applied_without_a_read(
         api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
@@ -205,8 +205,8 @@ async def test_a_conflict_is_read_again_and_applied_again(
     await w.on_prepared(ref, claims.prepare(ref), known)
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("c")) == 1
-    assert puts(api, "c") == 2 and api.count("GET", "/resourceclaims/c") == 1
-    assert w.conflicts == 1
+    # No resourceVersion in an apply: a newer claim is no conflict, and costs no read.
+    assert puts(api, "c") == 1 and api.count("GET", "/resourceclaims/c") == 0
 
 
 async def test_a_status_backlog_delays_neither_a_claim_read_nor_a_taint(
@@ -219,7 +219,7 @@ async def test_a_status_backlog_delays_neither_a_claim_read_nor_a_taint(
         assert await stage.registered() and await stage.until(lambda: bool(stage.devices()))
         writer_ = stage.driver.status_writer
         assert writer_ is not None
-        hold = api.hold(method="PUT", path="/status")
+        hold = api.hold(method="PATCH", path="/status")
         uids = [api.add_claim("ns", f"c{i}", [
             {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 4}"}])
             for i in range(30)]
@@ -253,9 +253,9 @@ async def test_every_status_is_written_after_a_burst(
         assert await stage.registered() and await stage.until(lambda: bool(stage.devices()))
         writer_ = stage.driver.status_writer
         assert writer_ is not None
-        api.fail(500, method="PUT", path="/status", times=10)
-        api.fail(429, retry_after="0", method="PUT", path="/status", times=10)
-        api.hang(0.2, method="PUT", path="/status", times=3)
+        api.fail(500, method="PATCH", path="/status", times=10)
+        api.fail(429, retry_after="0", method="PATCH", path="/status", times=10)
+        api.hang(0.2, method="PATCH", path="/status", times=3)
         uids = [api.add_claim("ns", f"c{i}", [
             {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 4}"}])
             for i in range(60)]

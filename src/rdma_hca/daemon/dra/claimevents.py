@@ -8,6 +8,10 @@ its own, so Events cost the driver's API budget nothing. A claim that could not 
 Pods a claim was once read with are remembered for its later failures. The kubelet's
 retries of one claim are repeats of the same Events, which the recorder counts into their
 series.
+
+A status write the API server refuses (a 4xx that trying again cannot change) leaves a
+Warning Event on the claim: the pod runs, its claim just lacks our ``status.devices``
+entries, and the claim is where a user looking for them looks.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from rdma_hca.kube.events import EventRecorder
 
 PREPARE_FAILED = "ClaimPrepareFailed"
 ACTION = "PrepareResourceClaim"
+STATUS_REFUSED = "ClaimStatusRefused"
+STATUS_ACTION = "WriteResourceClaimStatus"
 KNOWN = 1024  # claims whose Pods are remembered
 
 # What to do, by what the error says (the first that matches); the last one always does.
@@ -95,3 +101,15 @@ class ClaimEvents:
                                            action=ACTION, related=about))
         self.recorder.record(EventSpec(about, PREPARE_FAILED, note, type=WARNING,
                                        action=ACTION))
+
+    def status_refused(self, ref: ClaimRef, error: str) -> None:
+        about = ObjectRef("ResourceClaim", ref.name, ref.namespace, ref.uid, GROUP_VERSION)
+        fix = ("give the driver's service account patch on resourceclaims/status and (1.36) "
+               "associated-node:patch on resourceclaims/driver (the chart does)"
+               if "HTTP 403" in error else
+               "the pod runs without it; the driver's log says more, and a report of this "
+               "error to the driver's maintainers helps")
+        note = (f"the status.devices entries of claim {ref.namespace}/{ref.name} on node "
+                f"{self.node} were refused by the API server: {error}. To fix: {fix}")
+        self.recorder.record(EventSpec(about, STATUS_REFUSED, note, type=WARNING,
+                                       action=STATUS_ACTION))

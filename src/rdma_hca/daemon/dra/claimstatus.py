@@ -1,13 +1,14 @@
-"""Writing what Prepare gave a claim into its status, as KEP-4817 describes it:
-``status.devices[]`` holds one entry per allocated device of ours (driver, pool, device and
-the allocation's shareID), with a ``Ready`` condition and ``networkData``: the HCA's
-netdev (``interfaceName``), its MAC (``hardwareAddress``) and its addresses (``ips``) where
-an address source is given: the API wants them in CIDR form, and sysfs (where the RoCE GIDs
-are read) does not say an address's prefix, so without one they are left out.
+"""Writing what Prepare gave a claim into its ``status.devices`` (the entries are built by
+``claimentries``), applied server-side as upstream drivers do.
 
-Entries of other drivers are never touched: each write is a read-modify-write of the
-claim through its ``/status`` subresource with the resourceVersion just read, so a
-concurrent writer makes it fail with 409 and it is done again on a fresh read.
+Each write is a server-side apply of the claim's ``/status`` with the driver's name as
+field manager, holding only our entries: the API server merges them with the entries other
+drivers (other managers) applied, by the list's keys (driver, pool, device, shareID), and
+removes the entries we applied before and leave out now. So an Unprepare is an apply of no
+entries, another driver's entry is never part of what we send, and no resourceVersion is
+needed: a concurrent writer is no conflict. The claim's UID is in the apply body: a claim
+deleted meanwhile answers 409, one made again under the name 422 (its UID is immutable),
+and neither is written.
 
 Off the pod's path. ``on_prepared`` and ``on_unprepared`` (the claims code's hooks) only
 note what the claim's entries should become and return at once; a few workers write them
@@ -18,33 +19,39 @@ for none of it, and a backlog of status writes delays neither a claim read nor a
   an Unprepare before the write went out send nothing (Prepare read the claim without
   entries of ours, and none went out since), or one removal when entries of ours may be
   there (a write went out or got no answer, or the claim was prepared before a restart).
-- Retried until written: a conflict (409) re-reads the claim and applies the entries
-  again; any other failure (5xx, no answer, the client's retries on 429 used up) waits a
-  growing, jittered backoff and tries again. A newer state of the claim queued meanwhile
-  replaces the one being retried. Nothing is retried past 404 (the claim is gone) or a
-  different UID (made again under the name: not the claim we prepared).
-- Bounded: at most ``max_pending`` claims wait (an order of magnitude above the claims a
-  node holds: kubelet's maxPods is 110 by default). Full, a new claim's state still goes
-  in, never delaying a Prepare: the oldest pending *prepared* state is set aside, which
-  loses nothing, since that claim is still prepared and the checkpoint says so; once the
-  queue has drained, every prepared claim whose entries were not written is queued again
-  (one GET more each). Only when every pending state is a removal does the oldest one go,
-  said in the log: its stale entry stays on the claim (which is usually deleted with its
-  pod anyway). A removal is the one state not kept anywhere else.
+- A state with entries starts from the claim as Prepare read it (its allocation gives the
+  shareIDs), or, when that is gone (a retry, a restart), from one low-priority read: a
+  claim whose entries are already right is not written. A removal needs no read.
+- Retried until written: a failure (5xx, no answer, the client's retries on 429 used up)
+  waits what the server's ``Retry-After`` said (at most ``retry_after_max``), else a
+  growing, jittered backoff. A newer state of the claim replaces the one being retried.
+  A refusal that trying again cannot change (a 4xx other than 404, 409 and 429) is
+  counted (``refused``), leaves a Warning Event on the claim, and the same state is sent
+  at most ``REFUSALS`` times; other claims go on. Nothing is retried past 404 or 409 (the
+  claim is gone) or a different UID (made again under the name: not the claim we
+  prepared). A server that drops the field (the DRAResourceClaimDeviceStatus feature gate
+  off) is noticed per claim (``dropped``), said once, and the other claims go on.
+- Bounded: at most ``max_pending`` claims wait, retries in backoff included (an order of
+  magnitude above the claims a node holds: kubelet's maxPods is 110 by default). Full, a
+  new claim's state still goes in, never delaying a Prepare: the oldest pending
+  *prepared* state is set aside, which loses nothing, since that claim is still prepared
+  and the checkpoint says so; once the queue has drained, every prepared claim whose
+  entries were not written is queued again (one read each). Only when every pending
+  state is a removal does the oldest one go, said in the log: its stale entry stays on
+  the claim (which is usually deleted with its pod anyway). A removal is the one state
+  not kept anywhere else.
+- Never lost across a restart: ``start()`` queues every claim the checkpoint holds (a
+  read each, a write only where the entry is not right), and ``close()`` gives pending
+  writes a short, bounded drain before it cancels them.
 
-Best effort: a claim whose status cannot be written is still prepared. Where the API
-server does not take the field (the DRAResourceClaimDeviceStatus feature gate off: the
-server drops it from what it stores) or refuses us (RBAC), that is said once in the log
-and the writer stops trying, instead of retrying every claim. Pending writes do not
-survive a restart.
+Best effort: a claim whose status cannot be written is still prepared.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
+import contextlib
 import logging
-import os
 import random
 import time
 from collections import OrderedDict
@@ -54,54 +61,35 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.claimentries import EntryBuilder
+from rdma_hca.daemon.dra.claimrecords import ClaimView, DeviceEntry, parse_claim, same_entries
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.kit.aio import cancel_all
+from rdma_hca.kit.backoff import Backoff, Clock, Sleep
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.policy import Backoff, Clock, Sleep
 from rdma_hca.node.model import Hca
 
 log = logging.getLogger(__name__)
 
-CONFLICT_RETRIES = 5  # in a row, then a backoff before the next round
 # A few at a time: each holds one of the client's connections while the server answers,
 # and the driver's budget (dra.apiQps) sets their pace anyway.
 WORKERS = 4
 MAX_PENDING = 4096
 RETRY_FIRST = 0.5
 RETRY_MAX = 30.0
-MAX_HARDWARE_ADDRESS = 128  # NetworkDeviceDataHardwareAddressMaxLength
-MAX_INTERFACE_NAME = 256  # NetworkDeviceDataInterfaceNameMaxLength
-MAX_IPS = 16  # NetworkDeviceDataMaxIPs
+RETRY_AFTER_MAX = 60.0  # dra.statusRetryAfterMaxSeconds' default
+REFUSALS = 3  # times one state is sent to a server that refuses it (a 4xx), at most
+DRAIN_SECONDS = 2.0  # what close() gives pending writes before it cancels them
 
 
 class ClaimStatusApi(Protocol):
-    async def reread_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
-    async def replace_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]: ...
+    async def claim_for_status(self, namespace: str, name: str) -> ClaimView: ...
 
-
-def read_mac(sysfs_root: str, netdev: str) -> str | None:
-    """``<sysfs_root>/class/net/<netdev>/address``, or None when there is none."""
-    try:
-        with open(os.path.join(sysfs_root, "class", "net", netdev, "address")) as f:
-            text = f.read(MAX_HARDWARE_ADDRESS + 1).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text if text and len(text) <= MAX_HARDWARE_ADDRESS else None
-
-
-def _key(entry: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
-
-
-def _without_times(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
-    out = []
-    for e in entries:
-        conditions = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                      for c in e.get("conditions") or []]
-        out.append({**e, "conditions": conditions})
-    return sorted(out, key=lambda e: str(_key(e)))
+    async def apply_claim_status(self, namespace: str, name: str, uid: str,
+                                 entries: Sequence[DeviceEntry], field_manager: str
+                                 ) -> ClaimView: ...
 
 
 @dataclass(slots=True)
@@ -110,8 +98,15 @@ class _Intent:
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...] | None
-    known: Mapping[str, Any] | None = None  # the claim as Prepare read it, if still fresh
+    known: ClaimView | None = None  # the claim as Prepare read it, if still fresh
     backoff: Backoff | None = field(default=None, repr=False)
+    refusals: int = 0  # 4xx answers to this state
+
+
+@dataclass(slots=True)
+class _Waiting:
+    intent: _Intent
+    task: asyncio.Task[None]
 
 
 class ClaimStatusWriter:
@@ -120,37 +115,41 @@ class ClaimStatusWriter:
                  ips_of: Callable[[str], Sequence[str]] | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
                  prepared: Callable[[], Mapping[str, PreparedClaim]] | None = None,
+                 on_refused: Callable[[ClaimRef, str], None] | None = None,
+                 retry_after_max: float = RETRY_AFTER_MAX,
                  max_pending: int = MAX_PENDING, workers: int = WORKERS,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
                  rng: random.Random | None = None) -> None:
         self.api = api
         self.driver = driver
-        self.sysfs_root = sysfs_root
-        self.hca_of = hca_of  # device name -> the HCA behind it, from the current offer
-        self.files = files
-        self.ips_of = ips_of  # netdev -> its addresses in CIDR form (blocking: run off the loop)
-        self._now = now
+        self.entries = EntryBuilder(driver, sysfs_root=sysfs_root, hca_of=hca_of,
+                                    files=files, ips_of=ips_of, now=now)
         self._prepared = prepared  # the claims prepared now: what a set-aside state comes from
+        self._on_refused = on_refused  # a Warning Event on the claim
+        self.retry_after_max = retry_after_max
         self.max_pending = max(1, max_pending)
         self._workers_wanted = max(1, workers)
         self._clock = clock
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self.disabled: str | None = None  # why the writer stopped, once it did
         self.writes = 0
-        self.conflicts = 0  # writes refused with 409, then done again on a fresh read
         self.retries = 0  # rounds that failed and waited a backoff
         self.coalesced = 0  # states that replaced or cancelled a pending one
         self.set_aside = 0  # prepared states set aside by a full queue, queued again later
         self.lost = 0  # removals dropped by a full queue
+        self.refused = 0  # writes the API server refused with a 4xx (not 404, 409, 429)
+        self.dropped = 0  # writes the API server took without our entries (gate off)
         self._pending: OrderedDict[str, _Intent] = OrderedDict()
         self._busy: set[str] = set()  # claims being written now
-        self._waiting: dict[str, asyncio.Task[None]] = {}  # claims backing off
+        self._waiting: dict[str, _Waiting] = {}  # claims backing off
         self._written: set[str] = set()  # claims whose entries of ours were written
         # Claims known to carry no entry of ours (Prepare read them so, and nothing went
         # out since): only their removal may be dropped. A claim this process has not seen
         # (prepared before a restart) may carry entries: its removal always goes out.
         self._clean: set[str] = set()
+        # Claims whose state the server would not take (refused, or field dropped): not
+        # queued again by a sweep; a new state of the claim tries again.
+        self._given_up: set[str] = set()
         self._sweep = False  # a prepared state was set aside: look at every claim again
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -158,22 +157,40 @@ class ClaimStatusWriter:
         self._workers: list[asyncio.Task[None]] = []
         self._said = Once()
 
+    # --- life ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Queue every prepared claim's status: what a stop (or an update) left unwritten
+        is written now, and a claim whose entries are right costs one read."""
+        self._queue_prepared(written_too=True)
+
+    async def close(self, drain: float = DRAIN_SECONDS) -> None:
+        """Give pending writes up to ``drain`` seconds, then cancel what is left."""
+        if drain > 0 and self.pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), drain)
+        if self.pending:
+            log.info("%d claim status writes left at stop; the next start writes them",
+                     self.pending)
+        await cancel_all([*self._workers, *(w.task for w in self._waiting.values())])
+        self._workers, self._waiting = [], {}
+
     # --- the claims code's hooks: note and return -------------------------------------
 
     async def on_prepared(self, claim: ClaimRef, devices: Sequence[PreparedDevice],
                           known: Mapping[str, Any] | None = None) -> None:
         """Our entries of the claim's status.devices become those of ``devices``.
 
-        ``known`` is the claim as Prepare read it: the write starts from it (its
-        resourceVersion guards it), and only a conflict costs a fresh read.
+        ``known`` is the claim as Prepare read it: the entries are built from it, with no
+        read of their own.
         """
-        if self.disabled is None and devices:
-            self._put(_Intent(claim, tuple(devices), known))
+        if devices:
+            view = parse_claim(known) if known is not None else None
+            self._put(_Intent(claim, tuple(devices), view))
 
     async def on_unprepared(self, claim: ClaimRef) -> None:
         """Our entries go; other drivers' stay."""
-        if self.disabled is None:
-            self._put(_Intent(claim, None))
+        self._put(_Intent(claim, None))
 
     # --- the queue --------------------------------------------------------------------
 
@@ -186,15 +203,12 @@ class ClaimStatusWriter:
         """Wait until every state noted so far is written (or given up): tests, benchmarks."""
         await self._idle.wait()
 
-    async def close(self) -> None:
-        await cancel_all([*self._workers, *self._waiting.values()])
-        self._workers, self._waiting = [], {}
-
     def _put(self, intent: _Intent) -> None:
         uid = intent.ref.uid
+        self._given_up.discard(uid)
         waiting = self._waiting.pop(uid, None)
         if waiting is not None:  # a newer state replaces the one backing off
-            waiting.cancel()
+            waiting.task.cancel()
             self.coalesced += 1
         replaced = self._pending.pop(uid, None)
         if replaced is not None:
@@ -205,32 +219,47 @@ class ClaimStatusWriter:
             self._settle()
             return
         if (intent.devices is not None and intent.known is not None and uid not in self._busy
-                and uid not in self._written and not self._ours_in(intent.known)):
+                and uid not in self._written and not intent.known.entries_of(self.driver)):
             self._clean.add(uid)
-        if replaced is None and len(self._pending) >= self.max_pending:
+        if replaced is None and waiting is None and self._queued() >= self.max_pending:
             self._make_room()
         self._pending[uid] = intent
         self._start()
 
-    def _ours_in(self, claim: Mapping[str, Any]) -> bool:
-        status = claim.get("status") or {}
-        return any(e.get("driver") == self.driver for e in status.get("devices") or [])
+    def _queued(self) -> int:
+        """What counts toward the bound: states waiting their turn or their backoff."""
+        return len(self._pending) + len(self._waiting)
 
     def _make_room(self) -> None:
         prepared = self._prepared() if self._prepared is not None else {}
         for uid, old in self._pending.items():
             if old.devices is not None and uid in prepared:
                 del self._pending[uid]
-                self.set_aside += 1
-                self._sweep = True
+                self._set_aside()
                 return
-        uid, old = self._pending.popitem(last=False)
+        for uid, w in self._waiting.items():
+            if w.intent.devices is not None and uid in prepared:
+                del self._waiting[uid]
+                w.task.cancel()
+                self._set_aside()
+                return
+        if self._pending:
+            _, old = self._pending.popitem(last=False)
+        else:
+            uid = next(iter(self._waiting))
+            w = self._waiting.pop(uid)
+            w.task.cancel()
+            old = w.intent
         self.lost += 1
         if self._said.first("full"):
             log.warning("%d claim status writes wait: the status of ResourceClaim %s/%s (and "
                         "of any more unprepared while the API server does not take them) "
-                        "keeps this driver's entries", len(self._pending) + 1,
+                        "keeps this driver's entries", self._queued() + 1,
                         old.ref.namespace, old.ref.name)
+
+    def _set_aside(self) -> None:
+        self.set_aside += 1
+        self._sweep = True
 
     def _start(self) -> None:
         self._idle.clear()
@@ -243,16 +272,21 @@ class ClaimStatusWriter:
         if not self._pending and not self._waiting and not self._busy:
             if self._sweep:
                 self._sweep = False
-                self._queue_unwritten()
+                self._queue_prepared(written_too=False)
             if not self._pending:
                 self._idle.set()
 
-    def _queue_unwritten(self) -> None:
-        if self._prepared is None or self.disabled is not None:
+    def _queue_prepared(self, *, written_too: bool) -> None:
+        if self._prepared is None:
             return
         for uid, c in list(self._prepared().items()):
-            if uid not in self._written and len(self._pending) < self.max_pending:
-                self._pending[uid] = _Intent(ClaimRef(c.namespace, uid, c.name), c.devices)
+            if uid in self._pending or uid in self._waiting or uid in self._busy \
+                    or uid in self._given_up or (uid in self._written and not written_too):
+                continue
+            if self._queued() >= self.max_pending:
+                self._sweep = True  # the rest once these are done
+                break
+            self._pending[uid] = _Intent(ClaimRef(c.namespace, uid, c.name), c.devices)
         if self._pending:
             self._start()
 
@@ -271,154 +305,115 @@ class ClaimStatusWriter:
                 continue
             uid = intent.ref.uid
             self._busy.add(uid)
+            retry: float | None
             try:
-                done = self.disabled is not None or await self._update(intent)
+                retry = await self._update(intent)
             except Exception as exc:  # a bug must not end the worker: said once, retried
                 if self._said.first(f"{type(exc).__name__}: {exc}"):
                     log.exception("writing the status of ResourceClaim %s/%s failed",
                                   intent.ref.namespace, intent.ref.name)
-                done = False
+                retry = 0.0
             finally:
                 self._busy.discard(uid)
-            if not done and uid not in self._pending and self.disabled is None:
-                self._retry_later(intent)
+            if retry is not None and uid not in self._pending:
+                self._retry_later(intent, retry)
             if uid in self._pending:
                 self._wake.set()  # its next state waited for this one
             self._settle()
 
-    def _retry_later(self, intent: _Intent) -> None:
+    def _retry_later(self, intent: _Intent, hint: float) -> None:
+        """Try again after ``hint`` seconds (the server's Retry-After, capped), or after
+        the intent's backoff when the server said nothing (0)."""
         self.retries += 1
         backoff = intent.backoff or Backoff(RETRY_FIRST, RETRY_MAX, rng=self._rng)
         intent.backoff, intent.known = backoff, None
         uid = intent.ref.uid
-        wait = backoff.next()
+        wait = min(hint, self.retry_after_max) if hint > 0 else backoff.next()
 
         async def later() -> None:
             await self._sleep(wait)
-            if self._waiting.get(uid) is task:
+            waiting = self._waiting.get(uid)
+            if waiting is not None and waiting.task is task:
                 del self._waiting[uid]
                 self._pending.setdefault(uid, intent)
                 self._start()
 
         task = asyncio.create_task(later(), name=f"dra-claim-status-retry-{uid}")
-        self._waiting[uid] = task
+        self._waiting[uid] = _Waiting(intent, task)
 
-    async def _entries(self, claim: dict[str, Any], devices: Sequence[PreparedDevice]
-                       ) -> list[dict[str, Any]]:
-        ours = {(d.pool, d.device): d for d in devices}
-        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}) \
-            .get("results") or []
-        generation = claim.get("metadata", {}).get("generation")
-        stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
-        entries: list[dict[str, Any]] = []
-        seen: set[tuple[Any, ...]] = set()
-        for r in results:
-            prepared = ours.get((r.get("pool"), r.get("device")))
-            if r.get("driver") != self.driver or prepared is None:
-                continue
-            entry: dict[str, Any] = {"driver": self.driver, "pool": prepared.pool,
-                                     "device": prepared.device}
-            if r.get("shareID"):
-                entry["shareID"] = r["shareID"]
-            if _key(entry) in seen:
-                continue  # two requests got the same device: one entry
-            seen.add(_key(entry))
-            condition: dict[str, Any] = {
-                "type": "Ready", "status": "True", "reason": "Prepared",
-                "message": f"HCA {prepared.hca} is ready in the pod",
-                "lastTransitionTime": stamp}
-            if isinstance(generation, int):
-                condition["observedGeneration"] = generation
-            entry["conditions"] = [condition]
-            network = await self._network(prepared)
-            if network:
-                entry["networkData"] = network
-            entries.append(entry)
-        return entries
-
-    async def _network(self, device: PreparedDevice) -> dict[str, Any]:
-        hca = self.hca_of(device.device)
-        if hca is None or not hca.netdevs:
-            return {}
-        netdev = hca.netdevs[0]
-        out: dict[str, Any] = {"interfaceName": netdev[:MAX_INTERFACE_NAME]}
-        try:
-            mac = await self.files.run(f"MAC of {netdev}",
-                                       lambda: read_mac(self.sysfs_root, netdev))
-        except Exception as exc:  # a stuck sysfs read: the entry goes out without the MAC
-            log.debug("cannot read the MAC of %s: %s", netdev, exc)
-            mac = None
-        if mac:
-            out["hardwareAddress"] = mac
-        if self.ips_of is not None:
-            ips_of = self.ips_of
-            try:
-                ips = await self.files.run(f"addresses of {netdev}", lambda: list(ips_of(netdev)))
-            except Exception as exc:
-                log.debug("cannot read the addresses of %s: %s", netdev, exc)
-                ips = []
-            if ips:
-                out["ips"] = ips[:MAX_IPS]
-        return out
-
-    async def _update(self, intent: _Intent) -> bool:
-        """One round of writing ``intent``; False: try again after a backoff."""
-        ref, known = intent.ref, intent.known
-        devices = intent.devices or ()
+    async def _update(self, intent: _Intent) -> float | None:
+        """One round of writing ``intent``: None when done (written, or nothing more to
+        do), else try again after the seconds given (0: the backoff's)."""
+        ref = intent.ref
         uid = ref.uid
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        for _ in range(CONFLICT_RETRIES):
-            try:
-                claim = (copy.deepcopy(dict(known)) if known
-                         else await self.api.reread_claim(ref.namespace, ref.name))
-            except KubeError as exc:
-                if exc.status == 404:
-                    self._mark(uid, False)
-                    return True
-                log.debug("cannot read %s to write its status: %s", where, exc)
-                return False
-            known = None  # a conflict means it changed: read it again
-            if claim.get("metadata", {}).get("uid") != uid:
+        wanted: tuple[DeviceEntry, ...] = ()
+        if intent.devices is not None:
+            claim = intent.known
+            if claim is None:
+                try:
+                    claim = await self.api.claim_for_status(ref.namespace, ref.name)
+                except KubeError as exc:
+                    if exc.status == 404:
+                        self._mark(uid, False)
+                        return None
+                    if 400 <= exc.status < 500 and exc.status != 429:
+                        return self._refused(intent, exc, where)
+                    log.debug("cannot read %s to write its status: %s", where, exc)
+                    return exc.retry_after or 0.0
+            if claim.uid != uid:
                 self._mark(uid, False)
-                return True  # deleted and made again: not the claim we prepared
-            status = claim.setdefault("status", {})
-            current = list(status.get("devices") or [])
-            others = [e for e in current if e.get("driver") != self.driver]
-            mine = [e for e in current if e.get("driver") == self.driver]
-            wanted = await self._entries(claim, devices)
-            if _without_times(mine) == _without_times(wanted):
+                return None  # deleted and made again: not the claim we prepared
+            wanted = await self.entries.entries(claim, intent.devices)
+            if same_entries(claim.entries_of(self.driver), wanted):
                 self._mark(uid, bool(wanted))
-                return True  # already there (a repeated Prepare): no write
-            status["devices"] = others + wanted
-            try:
-                stored = await self.api.replace_claim_status(claim)
-            except KubeError as exc:
-                if exc.status == 409:
-                    self.conflicts += 1
-                    continue  # someone else wrote the claim: read it again
-                if exc.status == 404:
-                    self._mark(uid, False)
-                    return True
-                if exc.status in (403, 422, 405):
-                    self._stop(f"the API server refuses the status of {where} ({exc}); "
-                               "claims are prepared without status.devices from now on"
-                               + (": grant update on resourceclaims/status and (1.36) "
-                                  "associated-node:update on resourceclaims/driver"
-                                  if exc.status == 403 else ""))
-                    return True
-                if not exc.status:
-                    self._mark(uid, True)  # no answer: it may have been written
-                log.debug("cannot write the status of %s (trying again): %s", where, exc)
-                return False
-            self.writes += 1
-            self._mark(uid, bool(wanted))
-            if wanted and not (stored.get("status") or {}).get("devices"):
-                self._stop("the API server dropped status.devices (feature gate "
-                           "DRAResourceClaimDeviceStatus off?); claims are prepared without "
-                           "it from now on")
-            return True
-        log.debug("the status of %s kept changing under us; trying again later", where)
-        return False
+                return None  # already there (a repeated Prepare, a restart): no write
+        try:
+            stored = await self.api.apply_claim_status(ref.namespace, ref.name, uid, wanted,
+                                                       self.driver)
+        except KubeError as exc:
+            return self._failed(intent, exc, where)
+        self.writes += 1
+        if wanted and not stored.entries_of(self.driver):
+            self.dropped += 1
+            self._given_up.add(uid)
+            self._mark(uid, False)
+            if self._said.first("dropped"):
+                log.warning("the API server took the status of %s without its "
+                            "status.devices entries (feature gate DRAResourceClaimDeviceStatus "
+                            "off?); such claims are prepared without them", where)
+            return None
+        self._mark(uid, bool(wanted))
+        return None
+
+    def _failed(self, intent: _Intent, exc: KubeError, where: str) -> float | None:
+        uid = intent.ref.uid
+        if exc.status in (404, 409) or (exc.status == 422 and "metadata.uid" in str(exc)):
+            # Gone (404, or 409: our UID names no object), or made again under the name.
+            self._mark(uid, False)
+            return None
+        if 400 <= exc.status < 500 and exc.status != 429:
+            return self._refused(intent, exc, where)
+        if not exc.status:
+            self._mark(uid, True)  # no answer: it may have been written
+        log.debug("cannot write the status of %s (trying again): %s", where, exc)
+        return exc.retry_after or 0.0
+
+    def _refused(self, intent: _Intent, exc: KubeError, where: str) -> float | None:
+        self.refused += 1
+        intent.refusals += 1
+        if self._on_refused is not None:
+            self._on_refused(intent.ref, str(exc))
+        if exc.status == 403 and self._said.first("403"):
+            log.warning("the API server refuses the status of %s (%s): grant patch on "
+                        "resourceclaims/status and (1.36) associated-node:patch on "
+                        "resourceclaims/driver; every claim is still tried", where, exc)
+        if intent.refusals < REFUSALS:
+            return exc.retry_after or 0.0
+        self._given_up.add(intent.ref.uid)
+        log.warning("the status of %s was refused %d times; not sent again until the claim "
+                    "changes: %s", where, intent.refusals, exc)
+        return None
 
     def _mark(self, uid: str, ours: bool) -> None:
         """What the server holds now: entries of ours on the claim, or none (and then the
@@ -428,13 +423,3 @@ class ClaimStatusWriter:
             self._written.add(uid)
         else:
             self._written.discard(uid)
-
-    def _stop(self, why: str) -> None:
-        self.disabled = why
-        log.warning("%s", why)
-        dropped = list(self._waiting.values())
-        self._pending.clear()
-        self._waiting.clear()
-        self._clean.clear()
-        for t in dropped:
-            t.cancel()

@@ -56,6 +56,7 @@ class DriverConfig:
     api_burst: int
     claim_api_qps: float
     claim_api_burst: int
+    status_retry_after_max_seconds: float
     sysfs_root: str
     socket_check_seconds: float
     health_resend_seconds: float
@@ -87,6 +88,7 @@ class DriverConfig:
             api_burst=settings.dra.api_burst,
             claim_api_qps=settings.dra.claim_api_qps,
             claim_api_burst=settings.dra.claim_api_burst,
+            status_retry_after_max_seconds=settings.dra.status_retry_after_max_seconds,
             sysfs_root=settings.sysfs_root,
             socket_check_seconds=fixed.socket_check_seconds,
             health_resend_seconds=fixed.health_resend_seconds,

@@ -286,7 +286,11 @@ class DraDriver:
         writer = ClaimStatusWriter(api, self.config.driver_name,
                                    sysfs_root=self.config.sysfs_root,
                                    hca_of=lambda device: self.offer.hcas.get(device),
-                                   files=self._files, prepared=lambda: self.claims.prepared)
+                                   files=self._files, prepared=lambda: self.claims.prepared,
+                                   on_refused=(self.claim_events.status_refused
+                                               if self.claim_events is not None else None),
+                                   retry_after_max=self.config.status_retry_after_max_seconds)
+        writer.start()  # what the last instance left unwritten
 
         async def prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
             await writer.on_prepared(ClaimRef(claim.namespace, claim.uid, claim.name), devices,

@@ -13,14 +13,19 @@ driver sends on its own:
   Slice writes, the resync LIST and the Node read go first; claim status writes (and
   their re-reads on a conflict) take only the tokens those leave, so a taint never
   waits behind a backlog of status writes.
+
+Claim status is the one typed exchange here (``claimrecords``): it is read and applied as
+records, so the status writer never reads a claim's dict.
 """
 
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 from rdma_hca.contract.dra import GROUP_VERSION
+from rdma_hca.daemon.dra.claimrecords import ClaimView, DeviceEntry, apply_body, parse_claim
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, read_credentials
 from rdma_hca.kube.credentials import CredentialSearch
@@ -46,6 +51,7 @@ BUDGETS = (CLAIMS_BUDGET, DRIVER_BUDGET)
 KNOWN_REQUESTS = (
     ("resourceclaims", "get", "200"),
     ("resourceclaims/status", "update", "200"),
+    ("resourceclaims/status", "apply", "200"),
     ("resourceslices", "list", "200"),
     ("resourceslices", "create", "201"),
     ("resourceslices", "update", "200"),
@@ -124,17 +130,22 @@ class SliceApi:
         """The claim, for a Prepare: on the claims' budget."""
         return await self.client.get(claim_path(namespace, name), rate=CLAIMS_BUDGET)
 
-    async def reread_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def claim_for_status(self, namespace: str, name: str) -> ClaimView:
         """The claim again, for a status write: the driver's budget, after its slices."""
-        return await self.client.get(claim_path(namespace, name), priority=Priority.LOW)
+        return parse_claim(await self.client.get(claim_path(namespace, name),
+                                                 priority=Priority.LOW))
 
-    async def replace_claim_status(self, claim: dict[str, Any]) -> dict[str, Any]:
-        """PUT the claim to its /status subresource (the resourceVersion in it guards it);
-        on the driver's budget, after its slices."""
-        meta = claim["metadata"]
-        return await self.client.request(
-            "PUT", claim_path(meta["namespace"], meta["name"]) + "/status", body=claim,
-            priority=Priority.LOW)
+    async def apply_claim_status(self, namespace: str, name: str, uid: str,
+                                 entries: Sequence[DeviceEntry], field_manager: str
+                                 ) -> ClaimView:
+        """Server-side apply of ``entries`` to the claim's /status as ``field_manager`` (the
+        driver's name): they become all that manager owns of ``status.devices``; other
+        managers' entries stay. On the driver's budget, after its slices."""
+        stored = await self.client.apply(
+            claim_path(namespace, name) + "/status",
+            apply_body(namespace, name, uid, entries, GROUP_VERSION),
+            field_manager=field_manager, priority=Priority.LOW)
+        return parse_claim(stored)
 
     @property
     def tally(self) -> ApiTally:

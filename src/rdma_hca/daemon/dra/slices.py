@@ -47,9 +47,9 @@ from rdma_hca.contract.dra import DEVICES_HASH_ANNOTATION, GROUP_VERSION, SLICE_
 from rdma_hca.contract.dra import RESYNC_SECONDS as DEFAULT_RESYNC
 from rdma_hca.daemon.dra.devices import Offer
 from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.backoff import Backoff, Sleep, jittered
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.policy import Backoff, Sleep, jittered
 
 log = logging.getLogger(__name__)
 

@@ -129,7 +129,7 @@ async def burst(workdir: Path, pods: int) -> list[Figure]:
         gets_spec.figure(round(gets / (pods + SAMPLES), 3),
                          note=f"{gets} claim GETs for {pods + SAMPLES} fresh claims, status "
                               "writes included"),
-        status_spec.figure(round(status_s, 1), note=f"{pods} status writes, one PUT each, at "
+        status_spec.figure(round(status_s, 1), note=f"{pods} status writes, one apply each, at "
                                                     "dra.apiQps 5")
         if written else status_spec.failed("not every entry was written within 120 s"),
     ]

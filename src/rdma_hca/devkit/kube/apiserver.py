@@ -5,8 +5,9 @@ One server for everything that talks to the API: ``doctor``'s reads (nodes, the 
 its pods, ResourceSlices, DeviceClasses; 401/403/404 as ``Status`` objects; a client
 certificate's CN over TLS), and the DRA driver's writes (ResourceSlices created with
 ``generateName``, replaced with ``resourceVersion`` conflicts, deleted; ResourceClaims read
-and their ``/status`` subresource written; Events in ``events.k8s.io/v1`` and core ``v1``,
-created and merge-patched). Slices and claim status are validated as the
+and their ``/status`` subresource written, replaced or applied server-side per field
+manager (``apply``); Events in ``events.k8s.io/v1`` and core ``v1``, created and
+merge-patched). Slices and claim status are validated as the
 real server validates them (:mod:`rdma_hca.devkit.kube.validation`). Faults come on demand
 (an error status with ``Retry-After``, a hang, a connection reset), and every request is
 recorded and counted by verb and path, so tests and the bench can assert on the traffic.

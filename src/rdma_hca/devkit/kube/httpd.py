@@ -14,6 +14,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+import yaml
+
+from rdma_hca.devkit.kube.apply import APPLY_PATCH
 from rdma_hca.devkit.kube.cluster import FakeCluster, Recorded
 from rdma_hca.devkit.kube.errors import HttpError, status_object
 from rdma_hca.devkit.kube.faults import Fault, reason_for
@@ -99,11 +102,13 @@ class _Handler(BaseHTTPRequestHandler):
                                 f"injected fault: HTTP {fault.code}")
             if cluster.token is not None and auth != f"Bearer {cluster.token}":
                 raise HttpError(401, "Unauthorized", "Unauthorized")
-            body = json.loads(raw) if raw else None
+            content_type = self.headers.get("Content-Type") or ""
+            # An apply patch is YAML (JSON is YAML); everything else here is JSON.
+            body = ((yaml.safe_load(raw) if content_type.startswith(APPLY_PATCH)
+                     else json.loads(raw)) if raw else None)
             if body is not None and not isinstance(body, dict):
                 raise HttpError(400, "BadRequest", "the body must be a JSON object")
-            code, answer = api.handle(method, url.path, query, body,
-                                      self.headers.get("Content-Type") or "")
+            code, answer = api.handle(method, url.path, query, body, content_type)
         except HttpError as exc:
             if exc.code == 404 and cluster.plain_404 and "could not find" in str(exc):
                 self._send_raw(404, b"404 page not found\n", "text/plain; charset=utf-8", {})
@@ -111,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
             code, answer = exc.code, status_object(exc.code, exc.reason, str(exc), exc.details)
         except Invalid as exc:
             code, answer = 422, status_object(422, "Invalid", f"is invalid: {exc}")
-        except ValueError as exc:
+        except (ValueError, yaml.YAMLError) as exc:
             code, answer = 400, status_object(400, "BadRequest", f"invalid JSON: {exc}")
         self._send_raw(code, json.dumps(answer).encode(), "application/json", headers)
 

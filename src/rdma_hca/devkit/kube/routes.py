@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rdma_hca.devkit.kube.apply import APPLY_PATCH
 from rdma_hca.devkit.kube.cluster import DRA
 from rdma_hca.devkit.kube.errors import HttpError, not_found
 from rdma_hca.devkit.kube.events import EventsApi
@@ -67,7 +68,8 @@ class Router:
             if parts[:2] == ["apis", "resource.k8s.io"] and len(parts) > 2 \
                     and parts[2] in cluster.dra_versions \
                     and cluster.resource_slices is not None:
-                code, answer = self._dra(method, verb, parts[3:], fields, labels, body)
+                code, answer = self._dra(method, verb, parts[3:], fields, labels, body,
+                                         query, content_type)
                 return code, _as_version(answer, f"resource.k8s.io/{parts[2]}")
             events = self.events.handle(method, parts, body, content_type)
             if events is not None:
@@ -75,7 +77,8 @@ class Router:
         raise not_found()
 
     def _dra(self, method: str, verb: str, rest: list[str], fields: str, labels: str,
-             body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+             body: dict[str, Any] | None, query: dict[str, list[str]],
+             content_type: str) -> tuple[int, dict[str, Any]]:
         store = self.store
         ns: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces":
@@ -120,6 +123,12 @@ class Router:
             if body is None:
                 raise HttpError(400, "BadRequest", "a body is required")
             return 200, copy.deepcopy(store.replace(resource, ns or "", name, body, status))
+        if method == "PATCH" and status:
+            if content_type.split(";")[0].strip() != APPLY_PATCH:
+                raise HttpError(415, "UnsupportedMediaType", "the fake API server takes "
+                                f"only {APPLY_PATCH} on a claim's status, not {content_type}")
+            return 200, copy.deepcopy(store.apply_status(resource, ns or "", name, body,
+                                                         query))
         if method == "DELETE" and not status:
             obj = store.find(items, ns or "", name)
             items.remove(obj)

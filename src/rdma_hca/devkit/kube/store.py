@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from rdma_hca.devkit.kube import validation
+from rdma_hca.devkit.kube import apply, validation
 from rdma_hca.devkit.kube.cluster import DRA, FakeCluster
 from rdma_hca.devkit.kube.errors import HttpError
 from rdma_hca.devkit.kube.selectors import field_selector_matches, label_matches
@@ -101,6 +101,7 @@ class Store:
                 status.pop("devices", None)  # a disabled field is dropped, as upstream does
             validation.check_claim_status(old, status)
             new["status"] = status
+            apply.prune(new)
         else:
             validation.check_owner_references(meta)
             if resource == "resourceslices":
@@ -113,6 +114,32 @@ class Store:
                     new["metadata"][k] = copy.deepcopy(meta[k])
                 else:
                     new["metadata"].pop(k, None)
+        if new != old:
+            new["metadata"]["resourceVersion"] = self.next_rv()
+        items[items.index(old)] = new
+        return new
+
+    def apply_status(self, resource: str, ns: str, name: str, body: dict[str, Any] | None,
+                     query: dict[str, list[str]]) -> dict[str, Any]:
+        """Server-side apply to the status subresource (``rdma_hca.devkit.kube.apply``)."""
+        manager, force = apply.check_options(query)
+        kind = {"resourceclaims": "ResourceClaim"}.get(resource, "")
+        apply.check_body(body, name, ns, kind, DRA)
+        assert body is not None
+        items = self.items(resource)
+        try:
+            old = self.find(items, ns, name)
+        except HttpError:
+            uid = (body.get("metadata") or {}).get("uid")
+            if uid:
+                raise HttpError(409, "Conflict", f'Operation cannot be fulfilled on '
+                                f'{resource} "{name}": uid mismatch: the provided object '
+                                f'specified uid {uid}, and no existing object was found'
+                                ) from None
+            raise
+        new = apply.apply_status(old, body, manager, force,
+                                 gate_on=self.cluster.claim_device_status, api_version=DRA,
+                                 stamp=now())
         if new != old:
             new["metadata"]["resourceVersion"] = self.next_rv()
         items[items.index(old)] = new

@@ -1,0 +1,245 @@
+"""The claim status writer's promises across restarts and a difficult API server: nothing
+pending is lost at a stop, Retry-After is kept whatever its length (up to its cap), a
+refusal is sent a few times, counted and told on the claim without silencing other
+claims, a claim gone or made again is left alone, and retries in backoff count toward
+the queue's bound."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dra_support import DRIVER, NODE
+from rdma_hca.node.discovery import discover_node
+
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
+from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
+from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.kubeapi import SliceApi
+from rdma_hca.daemon.dra.service import ClaimRef
+from rdma_hca.devkit.dra.stage import DraStage, with_changes
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kube.events import EventRecorder
+from rdma_hca.settings.config import Mode
+
+
+class Sleeps:
+    """The writer's waits, recorded; each passes at once unless ``held``."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.held = False
+        self._go = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if self.held:
+            await self._go.wait()
+        await asyncio.sleep(0)
+
+    def release(self) -> None:
+        self.held = False
+        self._go.set()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> sim.SimNode:
+    return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
+
+
+def device() -> tuple[PreparedDevice, ...]:
+    return (PreparedDevice(("hca",), NODE, "mlx5-1", "mlx5_1", ("x/y=mlx5-1",)),)
+
+
+class Claims:
+    """Claims on the fake server, and which of them the driver holds prepared (the
+    checkpoint's view)."""
+
+    def __init__(self, api: FakeApiServer) -> None:
+        self.api = api
+        self.prepared: dict[str, PreparedClaim] = {}
+
+    def add(self, name: str) -> ClaimRef:
+        uid = self.api.add_claim("ns", name, [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-1"}])
+        return ClaimRef("ns", uid, name)
+
+    def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        self.prepared[ref.uid] = PreparedClaim(ref.namespace, ref.name, device())
+        return device()
+
+    def entries(self, name: str) -> list[dict[str, Any]]:
+        return list(self.api.claim("ns", name)["status"].get("devices") or [])
+
+    def view(self) -> Mapping[str, PreparedClaim]:
+        return self.prepared
+
+
+def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any
+           ) -> ClaimStatusWriter:
+    inventory = discover_node(node.sysfs_root, node.dev_root)
+    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
+                             hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.view,
+                             **kw)
+
+
+def applies(api: FakeApiServer, name: str) -> int:
+    return api.count("PATCH", f"/resourceclaims/{name}/status")
+
+
+async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    refs = [claims.add(f"c{i}") for i in range(12)]
+    # The server takes no status write: each hangs up without an answer (nothing stored).
+    hang = api.hang(60, method="PATCH", path="/status", times=1 << 30)
+    before = writer(client, node, claims)
+    for ref in refs:
+        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+    assert before.pending == 12
+    await before.close(drain=0.05)  # bounded: what is left is cancelled
+    assert all(claims.entries(ref.name) == [] for ref in refs)
+    hang.times = 0
+    after = writer(client, node, claims)  # a new process over the same checkpoint
+    after.start()
+    await asyncio.wait_for(after.drained(), 30)
+    assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
+    await after.close()
+
+
+async def test_a_start_writes_nothing_where_the_entries_are_right(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    refs = [claims.add(f"c{i}") for i in range(3)]
+    before = writer(client, node, claims)
+    for ref in refs:
+        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+    await before.close()  # the drain writes them
+    assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
+    written = api.count("PATCH")
+    after = writer(client, node, claims)
+    after.start()
+    await asyncio.wait_for(after.drained(), 30)
+    # One low-priority read each, and no write.
+    assert api.count("PATCH") == written
+    assert all(api.count("GET", f"/resourceclaims/{ref.name}") == 1 for ref in refs)
+
+
+@pytest.mark.parametrize(("header", "cap", "waited"), [
+    ("8", 60.0, 8.0),  # past the client's 5 s call budget: still what is waited
+    ("7200", 60.0, 60.0),
+    ("7200", 600.0, 600.0),
+])
+async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        header: str, cap: float, waited: float) -> None:
+    claims = Claims(api)
+    ref = claims.add("c")
+    sleeps = Sleeps()
+    w = writer(client, node, claims, sleep=sleeps, retry_after_max=cap)
+    api.fail(429, retry_after=header, method="PATCH", path="/status")
+    await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await asyncio.wait_for(w.drained(), 10)
+    assert sleeps.waits == [waited] and len(claims.entries("c")) == 1
+    assert applies(api, "c") == 2
+
+
+async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    bad, good = claims.add("bad"), claims.add("good")
+    recorder = EventRecorder(client.client, controller=DRIVER, instance=NODE)
+    recorder.start()
+    events = ClaimEvents(recorder, NODE)
+    sleeps = Sleeps()
+    w = writer(client, node, claims, sleep=sleeps, on_refused=events.status_refused)
+    refusal = api.fail(422, method="PATCH", path="/bad/status", times=100)
+    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await asyncio.wait_for(w.drained(), 10)
+    assert applies(api, "bad") == REFUSALS and w.refused == REFUSALS
+    await w.on_prepared(good, claims.prepare(good), api.claim("ns", "good"))
+    await asyncio.wait_for(w.drained(), 10)
+    assert len(claims.entries("good")) == 1
+    await recorder.close(grace=10)
+    (event,) = api.events(reason=STATUS_REFUSED)
+    assert event["type"] == "Warning" and event["regarding"]["name"] == "bad"
+    assert event["regarding"]["kind"] == "ResourceClaim"
+    assert event.get("series", {}).get("count", 1) == REFUSALS
+    assert "HTTP 422" in event["note"]
+    # A new state of the claim (the kubelet's next Prepare) is sent again.
+    refusal.times = 0
+    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await asyncio.wait_for(w.drained(), 10)
+    assert applies(api, "bad") == REFUSALS + 1 and len(claims.entries("bad")) == 1
+
+
+async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    gone, remade = claims.add("gone"), claims.add("remade")
+    known = {r.name: api.claim("ns", r.name) for r in (gone, remade)}
+    api.delete("resourceclaims", "ns", "gone")
+    api.delete("resourceclaims", "ns", "remade")
+    claims.add("remade")
+    w = writer(client, node, claims)
+    for ref in (gone, remade):
+        await w.on_prepared(ref, claims.prepare(ref), known[ref.name])
+    await asyncio.wait_for(w.drained(), 10)
+    assert claims.entries("remade") == [] and w.refused == 0 and w.retries == 0
+    assert applies(api, "gone") == 1 and applies(api, "remade") == 1
+
+
+async def test_retries_in_backoff_count_toward_the_bound(
+        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+    claims = Claims(api)
+    refs = [claims.add(f"c{i}") for i in range(4)]
+    sleeps = Sleeps()
+    sleeps.held = True  # a retry waits its backoff until released
+    w = writer(client, node, claims, sleep=sleeps, max_pending=2, workers=1)
+    api.fail(500, method="PATCH", path="/status", times=2)
+    for ref in refs[:2]:
+        await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+    await asyncio.wait_for(_until(lambda: len(sleeps.waits) == 2), 10)
+    assert w.pending == 2 and w.set_aside == 0  # both in backoff: the queue is full
+    await w.on_prepared(refs[2], claims.prepare(refs[2]), api.claim("ns", "c2"))
+    assert w.set_aside == 1 and w.pending == 2
+    sleeps.release()
+    await w.on_prepared(refs[3], claims.prepare(refs[3]), api.claim("ns", "c3"))
+    await asyncio.wait_for(w.drained(), 10)
+    assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+async def test_an_update_mid_burst_loses_no_status(tmp_path: Path, api: FakeApiServer) -> None:
+    """The driver stopped while its status writes get no answer, and a new one started
+    over the same checkpoint: every claim's entry ends on the API server."""
+    dra_node = sim.gpu_node(tmp_path / "node", hcas=4, gid_table_size=8)
+    fast = with_changes(api_qps=1000.0, api_burst=1000)
+    async with DraStage(dra_node, tmp_path / "stage", api=api, node_name=NODE, config=fast,
+                        pod_uid="pod-a") as stage:
+        assert stage.kubelet is not None and await stage.registered()
+        assert await stage.until(lambda: bool(stage.devices()))
+        hang = api.hang(60, method="PATCH", path="/status", times=1 << 30)
+        uids = [api.add_claim("ns", f"c{i}", [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % 4}"}])
+            for i in range(20)]
+        answers = await asyncio.gather(*(stage.kubelet.prepare(DRIVER, [("ns", u, f"c{i}")])
+                                         for i, u in enumerate(uids)))
+        assert all(a.claims[u].error == "" for a, u in zip(answers, uids, strict=True))
+        await stage.stop_driver()
+        assert all(not c["status"].get("devices") for c in api.cluster.resource_claims)
+        hang.times = 0
+        await stage.start_driver()
+        await stage.statuses_written(30)
+        assert all(len(c["status"]["devices"]) == 1 for c in api.cluster.resource_claims)
