@@ -15,7 +15,7 @@ from rdma_hca.kit.quantity import (
     canonical,
     parse_quantity,
 )
-from rdma_hca.tools.doctor.cluster import human_duration
+from rdma_hca.tools.doctor.clusternodes import human_duration
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from dra_support import DRIVER, NODE
-from rdma_hca.node.discovery import discover_node
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
@@ -26,7 +25,8 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.events import EventRecorder
-from rdma_hca.settings.config import Mode
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 
 
 class Sleeps:
