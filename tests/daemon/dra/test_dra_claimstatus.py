@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.files import PreparedDevice
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import ClaimRef
@@ -38,7 +38,7 @@ def node(tmp_path: Path) -> sim.SimNode:
 
 def writer(client: SliceApi, node: sim.SimNode, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
                              hca_of=offer.hcas.get, files=OffLoop(5.0), **kw)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.daemon.dra.devices import Offer, digest
+from rdma_hca.daemon.dra.devices import DeviceOffer, digest
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.slices import (
     Damper,
@@ -39,8 +39,8 @@ def dev(i: int, *, down: bool = False) -> dict[str, Any]:
     return d
 
 
-def offer(devices: list[dict[str, Any]]) -> Offer:
-    return Offer({}, devices, digest(devices))
+def offer(devices: list[dict[str, Any]]) -> DeviceOffer:
+    return DeviceOffer({}, devices, digest(devices))
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ async def test_a_200_device_sriov_node_publishes(
         api: FakeApiServer, client: SliceApi, tmp_path: Path) -> None:
     node = sriov_node(tmp_path / "n")
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    big = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    big = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     # 200 functions and the node-wide device: the latter counts toward the limits too.
     assert len(big.devices) == 201
     publisher = SlicePublisher(client, DRIVER, NODE, NODE)
@@ -190,7 +190,7 @@ def test_a_flapping_port_is_written_at_most_every_spacing() -> None:
 class Host:
     """The driver's side of the publishing loop, reduced to its state."""
 
-    def __init__(self, offer: Offer) -> None:
+    def __init__(self, offer: DeviceOffer) -> None:
         self.offer = offer
         self.taints = True
         self.signals = PublishSignals()

@@ -207,7 +207,7 @@ def node_device(hcas: Sequence[Hca], driver: str, taints: bool,
 
 
 @dataclass(frozen=True, slots=True)
-class Offer:
+class DeviceOffer:
     """What the driver offers at one moment: devices by name, and the slice's device list."""
 
     hcas: Mapping[str, Hca]  # per-HCA device name -> HCA
@@ -221,7 +221,7 @@ class Offer:
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
-              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset()) -> Offer:
+              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset()) -> DeviceOffer:
         # Exclusive mode keeps one HCA per unit: a device every pod shares has no place.
         node_wide = mode is Mode.SHARED and bool(hcas)
         names = hca_device_names((h.name for h in hcas), node_device=node_wide)

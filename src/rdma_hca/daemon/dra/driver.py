@@ -29,7 +29,7 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import NODE_DEVICE, Offer
+from rdma_hca.daemon.dra.devices import NODE_DEVICE, DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
@@ -87,7 +87,7 @@ class DraDriver:
         self._api = api
         self._own_api = api is None
         self._taints = config.device_taints
-        self._offer = Offer.build((), config.driver_name, config.mode, self._taints, None)
+        self._offer = DeviceOffer.build((), config.driver_name, config.mode, self._taints, None)
         self.rdma_cm: CharDevice | None = None
         self.board = HealthBoard(config.pool_name)
         self._files = OffLoop(config.read_deadline)
@@ -142,7 +142,7 @@ class DraDriver:
         return self._signals
 
     @property
-    def offer(self) -> Offer:
+    def offer(self) -> DeviceOffer:
         return self._offer
 
     @property
@@ -300,7 +300,7 @@ class DraDriver:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode,
+        offer = DeviceOffer.build(self._hcas, self.config.driver_name, self.config.mode,
                             self._taints, self.rdma_cm, self._held)
         self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
         self.claims.groups = offer.groups

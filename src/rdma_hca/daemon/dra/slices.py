@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rdma_hca.daemon.dra.devices import DEVICES_HASH_ANNOTATION, Offer
+from rdma_hca.daemon.dra.devices import DEVICES_HASH_ANNOTATION, DeviceOffer
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
@@ -116,7 +116,7 @@ class PublishHost(Protocol):
     def signals(self) -> PublishSignals: ...
 
     @property
-    def offer(self) -> Offer: ...
+    def offer(self) -> DeviceOffer: ...
 
     @property
     def taints(self) -> bool: ...
@@ -231,7 +231,8 @@ class SlicePublisher:
 
     # --- one pass --------------------------------------------------------------------------
 
-    async def publish(self, offer: Offer, *, check: bool = False, taints: bool = True) -> bool:
+    async def publish(self, offer: DeviceOffer, *, check: bool = False,
+                      taints: bool = True) -> bool:
         """Make the API server hold ``offer``; True when anything was written.
 
         Without ``check`` (and with nothing that made the server's copy unknown), an offer
@@ -332,7 +333,7 @@ class SlicePublisher:
                      "devices": devices},
         }
 
-    async def _sync(self, offer: Offer, *, read: bool, taints: bool) -> bool:
+    async def _sync(self, offer: DeviceOffer, *, read: bool, taints: bool) -> bool:
         if read:
             await self._read()
         if not self._owner_read:
@@ -454,7 +455,7 @@ class SlicePublisher:
             if sleeper.done() and not sleeper.cancelled():
                 return
 
-    def _newly_down(self, offer: Offer) -> bool:
+    def _newly_down(self, offer: DeviceOffer) -> bool:
         return bool(down_devices(offer.devices) - self.published_down)
 
     async def _retry_later(self, signals: PublishSignals, backoff: Backoff) -> None:
