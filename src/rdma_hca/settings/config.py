@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
 from rdma_hca.kit.text import closest
 from rdma_hca.settings.checks import (
     ROOT_KEYS,
@@ -57,6 +58,7 @@ from rdma_hca.settings.decl import (
 )
 from rdma_hca.settings.file import MAX_FILE_BYTES, read_config_file
 from rdma_hca.settings.model import (
+    BANDWIDTH_STEP,
     DEFAULT_DRA_DRIVER_NAME,
     DEFAULT_HEALTH_POLL_SECONDS,
     DEFAULT_HTTP_MAX_CONNECTIONS,
@@ -308,6 +310,24 @@ def _float(v: _Value, key: str, s: Setting) -> float:
     return num
 
 
+def _bandwidth(v: _Value, key: str, s: Setting) -> int:
+    raw = v.value
+    allowed = allowed_text(s)
+    if isinstance(raw, bool) or not isinstance(raw, str | int) or len(str(raw)) > 40:
+        raise ConfigError(key, raw, allowed, v.source)
+    try:
+        bits = parse_quantity(str(raw).strip()).value
+    except QuantityError:
+        raise ConfigError(key, raw, allowed, v.source) from None
+    if bits < 0:
+        raise ConfigError(key, raw, allowed, v.source)
+    if bits % BANDWIDTH_STEP:
+        # The request policy's step: the API server refuses a default between steps.
+        raise ConfigError(key, raw, f"{allowed}; this is not a whole number of G (Gi and "
+                          "Ti are binary: write G or T)", v.source)
+    return int(bits)
+
+
 def _enum(v: _Value, key: str, s: Setting) -> StrEnum:
     raw = v.value
     assert s.enum is not None, f"{s.key} is declared ENUM without its enum type"
@@ -400,6 +420,8 @@ def _value(s: Setting, v: _Value, key: str) -> Any:
         return _dns_name(v, key, s)
     if kind is Kind.SELECTORS:
         return _selectors(v, key)
+    if kind is Kind.BANDWIDTH:
+        return _bandwidth(v, key, s)
     if kind is Kind.RESOURCE_NAME:
         name = _str(v, key).strip()
         why = validate_resource_name(name)

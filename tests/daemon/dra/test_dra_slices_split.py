@@ -14,13 +14,8 @@ import pytest
 
 from rdma_hca.daemon.dra.devices import DeviceOffer, digest
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.slices import (
-    Damper,
-    PublishSignals,
-    SlicePublisher,
-    fit_device,
-    split,
-)
+from rdma_hca.daemon.dra.resourceslice import fit_device, split
+from rdma_hca.daemon.dra.slices import Damper, SlicePublisher
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.sriov import sriov_node
 from rdma_hca.node.discovery import discover_node
@@ -187,19 +182,6 @@ def test_a_flapping_port_is_written_at_most_every_spacing() -> None:
     assert writes[-1][1] == changes[-1][1] and writes[-1][0] - last_change <= 3
 
 
-class Host:
-    """The driver's side of the publishing loop, reduced to its state."""
-
-    def __init__(self, offer: DeviceOffer) -> None:
-        self.offer = offer
-        self.taints = True
-        self.signals = PublishSignals()
-        self.signals.poke()
-
-    def drop_taints(self) -> None:
-        self.taints = False
-
-
 async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
         api: FakeApiServer, client: SliceApi) -> None:
     waits: list[float] = []
@@ -207,13 +189,12 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    publisher = SlicePublisher(client, DRIVER, NODE, NODE, start_jitter=8.0, sleep=sleep,
-                               rng=random.Random(7))
-    host = Host(offer([dev(0)]))
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]),
+                               start_jitter=8.0, sleep=sleep, rng=random.Random(7))
     api.fail(500, path="/resourceslices")  # the first LIST fails: backoff, then again
-    task = asyncio.create_task(publisher.run(host))
+    task = asyncio.create_task(publisher.run())
     try:
-        assert await asyncio.wait_for(host.signals.published.wait(), 10)
+        assert await asyncio.wait_for(publisher.published.wait(), 10)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,4 +202,4 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     assert 0 <= waits[0] <= 8.0 and waits[0] == random.Random(7).uniform(0, 8.0)
     assert 0.1 <= waits[1] <= 0.2  # the backoff after the 500
     assert [s["spec"]["devices"] for s in mine(api)] == [[dev(0)]]
-    assert host.signals.error is None and host.signals.passes == 1
+    assert publisher.stats.error is None and publisher.stats.passes == 1
