@@ -254,6 +254,8 @@ cdi:
 dra:
   mode: {{ .Values.dra.mode }}
   deviceMetadata: {{ .Values.dra.deviceMetadata | toJson }}
+  nodeDevice: {{ .Values.dra.nodeDevice }}
+  defaultBandwidth: {{ .Values.dra.defaultBandwidth | quote }}
   apiQps: {{ .Values.dra.apiQps }}
   apiBurst: {{ .Values.dra.apiBurst }}
   claimApiQps: {{ .Values.dra.claimApiQps }}

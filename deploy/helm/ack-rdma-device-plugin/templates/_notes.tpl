@@ -58,6 +58,9 @@ and ResourceClaims ask for them through the DeviceClass {{ .Values.dra.driverNam
 {{- if .Values.dra.extendedResourceName }}
 Pods asking for {{ .Values.dra.extendedResourceName }} in resources.limits are served by DRA through the
 DeviceClass {{ .Values.dra.driverName }}-extended where DRAExtendedResource is on (beta in 1.36).
+{{- if and (ne (toString .Values.dra.mode) "exclusive") (eq (toString .Values.dra.nodeDevice) "false") }}
+dra.nodeDevice is false: each unit of {{ .Values.dra.extendedResourceName }} is one HCA, not every HCA of the node.
+{{- end }}
 {{- end }}
 Drain a node before it moves from the device plugin to DRA (docs/dra.md).
 {{- end }}
