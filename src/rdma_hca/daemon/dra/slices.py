@@ -25,8 +25,7 @@ its HCA down until it is stable (``watch.flaps``), so its device stays as it is.
 server that refuses device taints (DRADeviceTaints off) gets the devices without them
 from then on: their ``linkState`` still says down.
 
-The pool's queue is upstream's workqueue for one key: at most one pass pending, with or
-without a check of the server's copy; updates arriving meanwhile join it.
+The pool's queue and the damper are in ``slicepace.py``.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ from rdma_hca.daemon.dra.resourceslice import (
     split,
     without_taints,
 )
+from rdma_hca.daemon.dra.slicepace import DEFAULT_SPACING, Damper, PoolQueue
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.kube.errors import KubeError
@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 CONFLICT_RETRIES = 3
 BACKOFF_FIRST = 0.2
 BACKOFF_MAX = 10.0
-DEFAULT_SPACING = 2.5
 DEFAULT_RESYNC = 60.0
 DEFAULT_RESYNC_JITTER = 0.2
 
@@ -119,54 +118,6 @@ class Known:
     generation: int
 
 
-class _PoolQueue:
-    """The pool's pending work: a pass is due (``wake``), with a check or not."""
-
-    def __init__(self) -> None:
-        self.wake = asyncio.Event()
-        self.running = False  # a pass is under way
-        self._check = True  # read the server's copy first (it may have changed)
-        self._poked = asyncio.Event()
-
-    def add(self, *, check: bool = False) -> None:
-        self._check = self._check or check
-        self.wake.set()
-        self._poked.set()
-
-    async def next_add(self) -> None:
-        """Return at the next :meth:`add` (the loop's one waiter, while it spaces writes)."""
-        self._poked.clear()
-        await self._poked.wait()
-
-    def take(self) -> bool:
-        """The loop starts a pass: clears the wake-up; whether a check was asked for."""
-        self.wake.clear()
-        check, self._check = self._check, False
-        return check
-
-    @property
-    def idle(self) -> bool:
-        return not self.running and not self.wake.is_set()
-
-
-class Damper:
-    """Spacing of slice writes: none for the first change of a quiet node, at least
-    ``spacing`` seconds between writes while changes keep coming."""
-
-    def __init__(self, spacing: float = DEFAULT_SPACING) -> None:
-        self.spacing = spacing
-        self.last: float | None = None
-
-    def hold(self, now: float) -> float:
-        """Seconds to wait before the next write."""
-        if self.last is None:
-            return 0.0
-        return max(0.0, self.last + self.spacing - now)
-
-    def wrote(self, now: float) -> None:
-        self.last = now
-
-
 class SlicePublisher:
     """Construct (with the desired devices, as upstream's controller takes its first
     resources), :meth:`update` them as they change, run :meth:`run` as a task.
@@ -194,7 +145,7 @@ class SlicePublisher:
         self._clock = clock
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._queue = _PoolQueue()
+        self._queue = PoolQueue()
         self._desired = desired
         if desired is not None:
             self._queue.add()
