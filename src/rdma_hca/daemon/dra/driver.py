@@ -2,9 +2,10 @@
 
 Its parts are those of the upstream kubelet plugin helper: the sockets and the
 registration (``sockets.py``), the claims with their CDI specs and checkpoint
-(``claims.py``, ``checkpoint.py``), and publishing the node's ResourceSlice (the
-loop below, over ``slices.py``). The kubelet registering us makes the publisher check
-the API server's copy again, since a starting kubelet deletes the node's slices.
+(``claims.py``, ``checkpoint.py``), and publishing the node's ResourceSlice
+(``slices.py``: the driver hands it each new offer's devices). The kubelet registering us
+makes the publisher check the API server's copy again, since a starting kubelet deletes
+the node's slices.
 """
 
 from __future__ import annotations
