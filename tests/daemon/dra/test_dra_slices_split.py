@@ -204,3 +204,66 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     assert 0.1 <= waits[1] <= 0.2  # the backoff after the 500
     assert [s["spec"]["devices"] for s in mine(api)] == [[dev(0)]]
     assert publisher.stats.error is None and publisher.stats.passes == 1
+
+
+async def test_the_stats_count_each_write_read_and_pass(
+        api: FakeApiServer, client: SliceApi) -> None:
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE)
+    await publisher.publish(offer([dev(i) for i in range(200)]))
+    assert (publisher.stats.created, publisher.stats.updated, publisher.stats.deleted,
+            publisher.stats.reads) == (4, 0, 0, 1)
+    await publisher.publish(offer([dev(i) for i in range(100)]))
+    # Two slices gone, the two left rewritten at the next generation.
+    assert (publisher.stats.created, publisher.stats.updated, publisher.stats.deleted) == (
+        4, 2, 2)
+    assert publisher.stats.writes == 8 == len(api.writes())
+    assert publisher.stats.generation == 2
+
+
+async def test_a_failed_pass_is_counted_with_its_error_until_a_good_one(
+        api: FakeApiServer, client: SliceApi) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    async def sleep(seconds: float) -> None:
+        # The loop backs off after counting the failed pass: what it counted shows here.
+        seen.append((publisher.stats.errors, publisher.stats.error))
+
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]),
+                               sleep=sleep, rng=random.Random(1))
+    api.fail(500, times=2, path="/resourceslices")
+    task = asyncio.create_task(publisher.run())
+    try:
+        await asyncio.wait_for(publisher.published.wait(), 10)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert [n for n, _ in seen] == [1, 2]
+    assert all("HTTP 500" in (error or "") for _, error in seen)
+    assert publisher.stats.errors == 2 and publisher.stats.passes == 1
+    assert publisher.stats.error is None  # cleared by the good pass
+
+
+async def test_an_update_with_the_same_devices_queues_nothing(
+        api: FakeApiServer, client: SliceApi) -> None:
+    # No desired devices yet: nothing to publish, not even an empty pool (it would delete
+    # what a previous instance published).
+    assert SlicePublisher(client, DRIVER, NODE, NODE).idle
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]), resync=0)
+    assert not publisher.idle  # the first pass is due
+    task = asyncio.create_task(publisher.run())
+    try:
+        await asyncio.wait_for(publisher.published.wait(), 10)
+        assert publisher.idle
+        writes = len(api.writes())
+        publisher.update(offer([dev(0)]))
+        assert publisher.idle  # the same devices: no pass
+        publisher.published.clear()
+        publisher.update(offer([dev(0, down=True)]))
+        assert not publisher.idle
+        await asyncio.wait_for(publisher.published.wait(), 10)
+        assert len(api.writes()) == writes + 1 and publisher.stats.passes == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
