@@ -101,7 +101,7 @@ class Stats:
     passes: int = 0  # successful passes, written or not
     errors: int = 0  # failed passes
     error: str | None = None  # why the last pass failed; None after a good one
-    generation: int = 0  # the pool generation last written (or read)
+    generation: int = 0  # the pool generation last written
 
     @property
     def writes(self) -> int:
@@ -151,6 +151,7 @@ class SlicePublisher:
             self._queue.add()
         self._stats = Stats()
         self._known: dict[int, Known] = {}
+        self._generation = 0  # the pool's: the highest read, or the last written
         self._owner: OwnerReference | None = None
         self._owner_read = False
         self._stale: list[str] = []  # slices of this node to delete (found by a read)
@@ -253,7 +254,7 @@ class SlicePublisher:
         for known, index in zip(unindexed, free, strict=False):
             self._known[index] = Known(known.name, known.resource_version, "", known.generation)
         # The pool's generation is the highest any of its slices has: the next one is above.
-        self._count(generation=top)
+        self._generation = top
         owners = frozenset().union(*(s.node_owners for s in found))
         # No slice left (a node re-created, the kubelet wiping them), or one owned by
         # another Node object: read the Node again, its UID may have changed.
@@ -322,7 +323,7 @@ class SlicePublisher:
         present = {i: k for i, k in self._known.items() if i < count}
         new = [i for i in range(count) if i not in present]
         changed = [i for i, k in present.items() if k.digest != digests[i]]
-        generation = self._stats.generation
+        generation = self._generation
         uneven = any(k.generation != generation for k in present.values())
         if new or stale or len(changed) > 1 or uneven or generation == 0:
             generation += 1
@@ -352,6 +353,7 @@ class SlicePublisher:
             log.info("ResourceSlice %s created: %d device(s), slice %d of %d, pool "
                      "generation %d", stored.name, len(chunks[i]), i + 1, count, generation)
             wrote = True
+        self._generation = generation
         self._count(generation=generation)
         self._published_digest = desired.digest
         self._published_down = down_devices(devices)
