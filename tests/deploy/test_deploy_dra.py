@@ -261,7 +261,7 @@ def _published(tmp_path: Path, mode: Mode) -> list[dict[str, Any]]:
     node = gpu_node(tmp_path / mode.value, hcas=12, gid_table_size=8)
     inventory = discover_node(node.sysfs_root, node.dev_root)
     return list(DeviceOffer.build(inventory.hcas, "rdma-hca.io", mode, True,
-                            inventory.rdma_cm).devices)
+                                  inventory.rdma_cm).devices)
 
 
 def _selected(objs: list[dict[str, Any]], name: str,

@@ -1,7 +1,7 @@
 """``rdma-hca doctor`` cluster view and the node-wide device (``all-hcas``, ``kind: node``):
 not an HCA, reported on its own with its hcaCount, failed only when it carries its taint.
-The slices are the driver's own (``DeviceOffer.build`` over a simulated node), served over real
-HTTP by the fake API server."""
+The slices are the driver's own (``DeviceOffer.build`` over a simulated node), served over
+real HTTP by the fake API server."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_dra_mode_from_every_layer_decides_multiple_allocations(
     assert config.mode is Mode(mode)
     inventory = _inventory(tmp_path)
     offer = DeviceOffer.build(inventory.hcas, config.driver_name, config.mode, True,
-                        inventory.rdma_cm)
+                              inventory.rdma_cm)
     assert offer.devices
     shared = [d.get("allowMultipleAllocations") is True for d in offer.devices]
     assert all(shared) if mode == "shared" else not any(shared)
