@@ -16,7 +16,7 @@ from test_deploy_chart import config, container, mounts, one, pod_spec, volumes
 from test_deploy_guard import rendered_notes
 from vap_emulator import admit, device_selected
 
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import Mode
@@ -260,8 +260,8 @@ def _published(tmp_path: Path, mode: Mode) -> list[dict[str, Any]]:
     """The devices the driver publishes for a 13-HCA GPU node, as its slice holds them."""
     node = gpu_node(tmp_path / mode.value, hcas=12, gid_table_size=8)
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    return list(Offer.build(inventory.hcas, "rdma-hca.io", mode, True,
-                            inventory.rdma_cm).devices)
+    return list(DeviceOffer.build(inventory.hcas, "rdma-hca.io", mode, True,
+                                  inventory.rdma_cm).devices)
 
 
 def _selected(objs: list[dict[str, Any]], name: str,

@@ -1,137 +1,88 @@
-"""`dra.nodeDevice` and the DeviceClass trap: with the node-wide device off the chart installs
-no extended class (rdma/hca is not quietly one HCA instead of every HCA) and says what
-rdma/hca then gives; with it on, the NOTES warn that a DeviceClass written as DRA guides
-show it (`device.driver == ...` alone) also matches `all-hcas`, and the fix they give
-selects HCAs only."""
+"""The chart's dra.nodeDevice and dra.defaultBandwidth: written into the daemon's config,
+held to the declaration by the schema, and the extended class following the first."""
 
 from __future__ import annotations
 
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_support import CHART, RenderFn, run_helm, set_args
+from deploy_support import CHART, RenderFn, ensure_helm, run_helm, set_args
 from test_deploy_chart import config
-from test_deploy_dra import _GPU, _OLD, _published
 from test_deploy_guard import rendered_notes
 from vap_emulator import device_selected
 
+from rdma_hca.daemon.dra.devices import NODE_DEVICE, DeviceOffer
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.config import load_settings
 from rdma_hca.settings.model import Mode
 
-ALONE = {"dra.enabled": "true", "devicePlugin.enabled": "false"}
-OFF = {**ALONE, "dra.nodeDevice": "false"}
-SUB = "ack-rdma-device-plugin."
+ALONE = {"dra.enabled": "true", "devicePlugin.enabled": "false", "dra.driverName": "rdma-hca.io"}
 
 
-def _classes(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "DeviceClass"}
+def _selected(objs: list[dict[str, Any]], name: str, devices: list[dict[str, Any]]) -> set[str]:
+    (cls,) = [o for o in objs if o["kind"] == "DeviceClass" and o["metadata"]["name"] == name]
+    return {d["name"] for d in devices
+            if all(device_selected(s["cel"]["expression"], "rdma-hca.io", d)
+                   for s in cls["spec"]["selectors"])}
 
 
-def _notes(helm: Path, tmp_path: Path, values: dict[str, str]) -> str:
-    return rendered_notes(helm, tmp_path, *set_args({SUB + k: v for k, v in values.items()}))
+def test_the_defaults_keep_the_node_device_and_no_default_share(render: RenderFn) -> None:
+    dra = config(render(ALONE))["dra"]
+    assert dra["nodeDevice"] is True and dra["defaultBandwidth"] == "0"
 
 
-def test_by_default_the_node_wide_device_and_its_class_are_there(render: RenderFn) -> None:
-    objs = render(ALONE)
-    assert set(_classes(objs)) == {"rdma-hca.io", "rdma-hca.io-extended"}
-    assert "nodeDevice" not in config(objs)["dra"]  # the daemon's default: on
+def test_the_values_reach_the_daemon(render: RenderFn, tmp_path: Path) -> None:
+    objs = render({**ALONE, "dra.nodeDevice": "false", "dra.defaultBandwidth": "100G"})
+    written = config(objs)
+    assert written["dra"]["nodeDevice"] is False and written["dra"]["defaultBandwidth"] == "100G"
+    # What the template wrote, the daemon loads.
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(written))
+    settings = load_settings(str(path), {}, {})
+    assert (settings.dra.node_device, settings.dra.default_bandwidth) == (False, 100 * 10**9)
+    # --set of a bare number is an integer to helm: it is written as the daemon reads it.
+    objs = render({**ALONE, "dra.defaultBandwidth": "0"})
+    assert config(objs)["dra"]["defaultBandwidth"] == "0"
 
 
-def test_off_no_extended_class_and_the_daemon_is_told(render: RenderFn) -> None:
-    objs = render(OFF)
-    assert set(_classes(objs)) == {"rdma-hca.io"}
-    assert config(objs)["dra"]["nodeDevice"] is False
-
-
-def test_exclusive_keeps_its_extended_class_whatever_node_device_says(
-        render: RenderFn) -> None:
-    """Exclusive mode has no node-wide device anyway: rdma/hca is one HCA per unit there,
-    as the device plugin's exclusive mode gives."""
-    objs = render({**OFF, "dra.mode": "exclusive"})
-    assert set(_classes(objs)) == {"rdma-hca.io", "rdma-hca.io-extended"}
-
-
-def test_values_reused_from_a_chart_without_the_key_mean_the_node_device(
-        helm: Path, tmp_path: Path) -> None:
-    chart = tmp_path / CHART.name
-    shutil.copytree(CHART, chart)
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    del values["dra"]["nodeDevice"]
-    (chart / "values.yaml").write_text(yaml.safe_dump(values))
-    result = run_helm(helm, "template", "x", str(chart), "--namespace", "kube-system",
-                      *set_args(ALONE))
-    assert result.returncode == 0, result.stderr
-    objs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert set(_classes(objs)) == {"rdma-hca.io", "rdma-hca.io-extended"}
-    assert "nodeDevice" not in config(objs)["dra"]
-
-
-@pytest.mark.parametrize("value", ["yes", "1"])
-def test_the_schema_takes_only_a_bool(helm: Path, value: str) -> None:
-    result = run_helm(helm, "template", "x", str(CHART), *set_args(ALONE),
-                      "--set-string", f"dra.nodeDevice={value}")
+@pytest.mark.parametrize("value", ["100Gi", "1.5", "-1G", "fast", "7"])
+def test_the_schema_refuses_a_bandwidth_the_daemon_refuses(value: str) -> None:
+    args = set_args({**ALONE, "dra.defaultBandwidth": value})
+    result = run_helm(ensure_helm(), "template", "x", str(CHART), *args)
     assert result.returncode != 0
-    assert "nodeDevice" in result.stderr
+    assert "defaultBandwidth" in result.stderr
 
 
-def test_notes_say_what_rdma_hca_gives_without_the_node_device(
-        helm: Path, tmp_path: Path) -> None:
-    text = _notes(helm, tmp_path, OFF)
-    assert "dra.nodeDevice is false" in text
-    assert "DRA serves no rdma/hca" in text and "Insufficient rdma/hca" in text
-    assert "examples/dra-8gpu-paired-job.yaml" in text
-    assert "served by DRA through the DeviceClass" not in text
-    assert "all-hcas" not in text  # no node-wide device: no trap to warn of
-    on = _notes(helm, tmp_path / "on", ALONE)
-    assert "served by DRA through the DeviceClass rdma-hca.io-extended" in on
-    assert "dra.nodeDevice is false" not in on
+def test_without_the_node_device_the_extended_class_gives_one_hca_per_unit(
+        render: RenderFn, tmp_path: Path) -> None:
+    node = gpu_node(tmp_path / "n", hcas=4, gid_table_size=8)
+    inventory = discover_node(node.sysfs_root, node.dev_root)
+    on = list(DeviceOffer.build(inventory.hcas, "rdma-hca.io", Mode.SHARED, True,
+                                inventory.rdma_cm).devices)
+    off = list(DeviceOffer.build(inventory.hcas, "rdma-hca.io", Mode.SHARED, True,
+                                 inventory.rdma_cm, node_device_on=False).devices)
+    hcas = {d["name"] for d in off}
+    assert NODE_DEVICE not in hcas and len(hcas) == 5
+    objs = render({**ALONE, "dra.nodeDevice": "false"})
+    assert _selected(objs, "rdma-hca.io-extended", [dict(d) for d in off]) == hcas
+    assert _selected(objs, "rdma-hca.io", [dict(d) for d in off]) == hcas
+    # Kept on: the extended class takes the node-wide device only, as before.
+    objs = render(ALONE)
+    assert _selected(objs, "rdma-hca.io-extended", [dict(d) for d in on]) == {NODE_DEVICE}
 
 
-def _advised(notes: str, driver: str) -> str:
-    """The selector the NOTES advise: the guides' expression and the line they add."""
-    (added,) = re.findall(r"Add (&& device\.attributes\[\"[^\"]+\"\]\.kind == \"hca\")", notes)
-    assert f'device.driver == "{driver}"' in notes
-    return f'device.driver == "{driver}" {added}'
+def test_the_notes_say_what_the_extended_resource_then_means(tmp_path: Path) -> None:
+    helm = ensure_helm()
+    sub = "ack-rdma-device-plugin."  # the notes render inside a parent chart
 
+    def notes(where: str, values: dict[str, str]) -> str:
+        return rendered_notes(helm, tmp_path / where,
+                              *set_args({sub + k: v for k, v in values.items()}))
 
-@pytest.mark.parametrize("driver", ["rdma-hca.io", "hca.example.com"])
-def test_notes_warn_of_the_guides_device_class_and_their_fix_selects_hcas_only(
-        helm: Path, tmp_path: Path, driver: str) -> None:
-    notes = _notes(helm, tmp_path, {**ALONE, "dra.driverName": driver})
-    assert "all-hcas" in notes and "no such key: hcaName" in notes
-    published = [(driver, {**d, "attributes": {k.replace("rdma-hca.io", driver): v
-                                               for k, v in d["attributes"].items()}})
-                 for d in _published(tmp_path, Mode.SHARED)]
-    hcas = {d["name"] for _, d in published} - {"all-hcas"}
-    assert len(hcas) == 13
-
-    def selected(expression: str) -> set[str]:
-        return {d["name"] for drv, d in [*published, _GPU]
-                if device_selected(expression, drv, d)}
-
-    # The trap: what every guide writes takes the whole node as "an HCA".
-    assert selected(f'device.driver == "{driver}"') == hcas | {"all-hcas"}
-    assert selected(_advised(notes, driver)) == hcas
-    # The chart's own class agrees, and also takes a device of an older driver.
-    objs = _notes_objs(helm, tmp_path / "objs", {**ALONE, "dra.driverName": driver})
-    (cls,) = [c for n, c in _classes(objs).items() if n == driver]
-    (selector,) = cls["selectors"]
-    old = (driver, _OLD[1])
-    assert {d["name"] for drv, d in [*published, _GPU, old]
-            if device_selected(selector["cel"]["expression"], drv, d)} == hcas | {"old-hca"}
-
-
-def _notes_objs(helm: Path, tmp_path: Path, values: dict[str, str]) -> list[dict[str, Any]]:
-    result = run_helm(helm, "template", "x", str(CHART), "--namespace", "kube-system",
-                      *set_args(values))
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
-def test_the_dra_doc_warns_of_the_trap_and_says_what_node_device_off_means() -> None:
-    text = (CHART.parents[2] / "docs" / "dra.md").read_text()
-    assert 'device.attributes["rdma-hca.io"].kind == "hca"' in text
-    assert "dra.nodeDevice" in text
+    off = notes("a", {**ALONE, "dra.nodeDevice": "false"})
+    assert "dra.nodeDevice is false: each unit of rdma/hca is one HCA" in off
+    on = notes("b", ALONE)
+    assert "DeviceClass rdma-hca.io-extended" in on and "dra.nodeDevice" not in on

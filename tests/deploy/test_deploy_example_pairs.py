@@ -14,7 +14,7 @@ import yaml
 from deploy_support import REPO, RenderFn
 from dra_allocator import Allocation, Published, allocate
 
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import Mode
@@ -50,7 +50,7 @@ def classes(render: RenderFn) -> dict[str, Any]:
 
 def _hcas(node: SimNode) -> list[Published]:
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return [Published(DRIVER, d) for d in offer.devices]
 
 

@@ -119,7 +119,9 @@ def mismatches(setting: Setting, node: dict[str, Any], schema: dict[str, Any]) -
     out: list[str] = []
     kind = setting.kind
     want = {Kind.BOOL: {"boolean"}, Kind.INT: {"integer"}, Kind.FLOAT: {"number"},
-            Kind.SELECTORS: {"object"}, Kind.POOLS: {"array"}}.get(kind, {"string"})
+            Kind.SELECTORS: {"object"}, Kind.POOLS: {"array"},
+            # A quantity: "100G", or a bare number (helm's --set makes 0 an integer).
+            Kind.BANDWIDTH: {"string", "integer"}}.get(kind, {"string"})
     # Every integer is a number: a number setting may say either.
     if kind is Kind.FLOAT and _types(node) == {"number", "integer"}:
         want = {"number", "integer"}

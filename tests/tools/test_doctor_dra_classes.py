@@ -1,6 +1,6 @@
 """``rdma-hca doctor`` cluster view and DeviceClasses that trap users: a class written as
 every DRA guide shows (``device.driver == "rdma-hca.io"``) also matches the node-wide
-device ``all-hcas``. The slices are the driver's own (``Offer.build`` over a simulated
+device ``all-hcas``. The slices are the driver's own (``DeviceOffer.build`` over a simulated
 node), served with the classes over real HTTP by the fake API server; what the doctor
 says of a class is checked against a CEL engine."""
 
@@ -16,7 +16,7 @@ import pytest
 from celpy.adapter import json_to_cel
 
 from rdma_hca.contract.dra import NODE_DEVICE, hca_selector
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
 from rdma_hca.devkit.kube.objects import (
     CREATED,
@@ -52,7 +52,7 @@ def sim(tmp_path: Path) -> SimNode:
 
 def published(sim: SimNode, mode: Mode = Mode.SHARED) -> list[dict[str, Any]]:
     inventory = discover_node(sim.sysfs_root, sim.dev_root)
-    return list(Offer.build(inventory.hcas, DRIVER, mode, True, inventory.rdma_cm).devices)
+    return list(DeviceOffer.build(inventory.hcas, DRIVER, mode, True, inventory.rdma_cm).devices)
 
 
 def fake_cluster(devices: list[dict[str, Any]], classes: dict[str, str]) -> FakeCluster:

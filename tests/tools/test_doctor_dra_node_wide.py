@@ -1,7 +1,7 @@
 """``rdma-hca doctor`` cluster view and the node-wide device (``all-hcas``, ``kind: node``):
 not an HCA, reported on its own with its hcaCount, failed only when it carries its taint.
-The slices are the driver's own (``Offer.build`` over a simulated node), served over real
-HTTP by the fake API server."""
+The slices are the driver's own (``DeviceOffer.build`` over a simulated node), served over
+real HTTP by the fake API server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rdma_hca.contract.dra import NODE_DEVICE
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
 from rdma_hca.devkit.kube.objects import (
     CREATED,
@@ -43,7 +43,7 @@ def sim(tmp_path: Path) -> SimNode:
 def published(sim: SimNode, mode: Mode = Mode.SHARED) -> list[dict[str, Any]]:
     """The devices the driver publishes for the simulated node as it is now."""
     inventory = discover_node(sim.sysfs_root, sim.dev_root)
-    return list(Offer.build(inventory.hcas, DRIVER, mode, True, inventory.rdma_cm).devices)
+    return list(DeviceOffer.build(inventory.hcas, DRIVER, mode, True, inventory.rdma_cm).devices)
 
 
 def doctor(devices: list[dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -14,8 +14,9 @@ from enum import StrEnum
 from typing import Any
 
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
 from rdma_hca.settings.decl import LINK_LAYERS, SELECTOR_KEYS, Kind, Setting, allowed_text
-from rdma_hca.settings.model import ConfigError, Selectors
+from rdma_hca.settings.model import BANDWIDTH_STEP, ConfigError, Selectors
 
 
 @dataclass(slots=True)
@@ -76,6 +77,24 @@ def _float(v: RawValue, key: str, s: Setting) -> float:
     if math.isnan(num) or not ((s.zero_off and num == 0) or lo <= num <= hi):
         raise ConfigError(key, raw, allowed, v.source)
     return num
+
+
+def _bandwidth(v: RawValue, key: str, s: Setting) -> int:
+    raw = v.value
+    allowed = allowed_text(s)
+    if isinstance(raw, bool) or not isinstance(raw, str | int) or len(str(raw)) > 40:
+        raise ConfigError(key, raw, allowed, v.source)
+    try:
+        bits = parse_quantity(str(raw).strip()).value
+    except QuantityError:
+        raise ConfigError(key, raw, allowed, v.source) from None
+    if bits < 0:
+        raise ConfigError(key, raw, allowed, v.source)
+    if bits % BANDWIDTH_STEP:
+        # The request policy's step: the API server refuses a default between steps.
+        raise ConfigError(key, raw, f"{allowed}; this is not a whole number of G (Gi and "
+                          "Ti are binary: write G or T)", v.source)
+    return int(bits)
 
 
 def _enum(v: RawValue, key: str, s: Setting) -> StrEnum:
@@ -170,6 +189,8 @@ def typed_value(s: Setting, v: RawValue, key: str) -> Any:
         return _dns_name(v, key, s)
     if kind is Kind.SELECTORS:
         return _selectors(v, key)
+    if kind is Kind.BANDWIDTH:
+        return _bandwidth(v, key, s)
     if kind is Kind.RESOURCE_NAME:
         name = _str(v, key).strip()
         why = resource_name_problem(name)

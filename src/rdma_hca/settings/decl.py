@@ -61,6 +61,7 @@ class Kind(StrEnum):
     DNS_NAME = "DNS subdomain"
     SELECTORS = "selectors"
     POOLS = "pools"
+    BANDWIDTH = "bandwidth"  # a quantity of bits per second, in whole BANDWIDTH_STEPs
 
 
 class Scope(StrEnum):
@@ -205,6 +206,13 @@ SETTINGS: tuple[Setting, ...] = (
        "containers: v1alpha1 (what Kubernetes 1.36 reads), v1beta1 (v1beta1, then "
        "v1alpha1), off: none", enum=DeviceMetadata,
        aliases=(("false", "off"),)),  # YAML reads a bare off as false
+    _s("dra.nodeDevice", Kind.BOOL, True,
+       "in shared mode, publish the node-wide device all-hcas (every usable HCA, what "
+       "rdma/hca gives through DRA's extended class); false: none, and the extended class "
+       "gives one HCA per unit"),
+    _s("dra.defaultBandwidth", Kind.BANDWIDTH, 0,
+       "the bandwidth a claim that asks for none holds of each HCA (the request policy's "
+       "default; an HCA slower than it is held whole), bits per second, e.g. 100G"),
     # --- Kubernetes Events -----------------------------------------------------------------
     _s("events.enabled", Kind.BOOL, False,
        "record Kubernetes Events on the Node when an HCA's port goes down or back or its "
@@ -334,7 +342,7 @@ def _metavar(s: Setting) -> str:
     if s.kind is Kind.ENUM:
         return "{" + ",".join(s.choices) + "}"
     return {Kind.INT: "N", Kind.FLOAT: "SECONDS", Kind.PATH: "DIR",
-            Kind.ADDRESS: "HOST:PORT"}.get(s.kind, "NAME")
+            Kind.ADDRESS: "HOST:PORT", Kind.BANDWIDTH: "QUANTITY"}.get(s.kind, "NAME")
 
 
 # --- docs --------------------------------------------------------------------------------
@@ -361,6 +369,7 @@ def allowed_text(s: Setting) -> str:
                        f"{s.max_length} characters",
         Kind.SELECTORS: "a mapping of selector lists",
         Kind.POOLS: "a non-empty list of pools",
+        Kind.BANDWIDTH: "a quantity of bits per second in whole G (e.g. 50G, 1.6T), or 0",
         Kind.STR: "a string",
     }[s.kind]
 

@@ -38,6 +38,8 @@ DEFAULT_CLAIM_API_BURST = 100
 DEFAULT_DRA_RESYNC_SECONDS = RESYNC_SECONDS  # the driver's wire contract says it
 DEFAULT_DRA_START_JITTER_SECONDS = 5.0
 DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS = 60.0
+# Bits per second: link rates are whole Gb/s, and so are bandwidth requests.
+BANDWIDTH_STEP = 10**9
 
 
 class ConfigError(ValueError):
@@ -187,6 +189,10 @@ class DraConfig:
     status_retry_after_max_seconds: float = DEFAULT_STATUS_RETRY_AFTER_MAX_SECONDS
     # Per-request device metadata files (KEP-5304) mounted into the claim's containers.
     device_metadata: DeviceMetadata = DeviceMetadata.OFF
+    # The node-wide device (all-hcas, shared mode), for rdma/hca through DRA.
+    node_device: bool = True
+    # What a claim asking no bandwidth holds of an HCA, bits per second (0: nothing).
+    default_bandwidth: int = 0
 
 
 @dataclass(frozen=True, slots=True)

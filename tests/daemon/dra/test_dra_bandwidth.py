@@ -24,7 +24,7 @@ from rdma_hca.contract.checkpoint import (
     encode,
 )
 from rdma_hca.contract.dra import NODE_DEVICE
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
@@ -97,25 +97,25 @@ def _with_rate(hca: Hca, gbps: float | None) -> Hca:
 
 def test_exclusive_devices_unknown_rates_and_other_driver_names(tmp_path: Path) -> None:
     hcas = _hcas(tmp_path)
-    exclusive = Offer.build(hcas, DRIVER, Mode.EXCLUSIVE, True, None)
+    exclusive = DeviceOffer.build(hcas, DRIVER, Mode.EXCLUSIVE, True, None)
     assert not any("capacity" in d for d in exclusive.devices)
     assert exclusive.bandwidth() == {"mlx5_0": 0, "mlx5_1": 0}
     # No rate known, or one below the step: no capacity (the API wants room for a step).
     odd = (_with_rate(hcas[0], None), _with_rate(hcas[1], 2.5))
-    offer = Offer.build(odd, DRIVER, Mode.SHARED, True, None)
+    offer = DeviceOffer.build(odd, DRIVER, Mode.SHARED, True, None)
     by_name = {d["name"]: d for d in offer.devices}
     assert "capacity" not in by_name["mlx5-0"]
     assert by_name["mlx5-1"]["capacity"][BANDWIDTH]["value"] == "2500M"
     assert offer.bandwidth() == {"mlx5_0": 0, "mlx5_1": 2_500_000_000}
-    slow = Offer.build((_with_rate(hcas[0], 0.5),), DRIVER, Mode.SHARED, True, None)
+    slow = DeviceOffer.build((_with_rate(hcas[0], 0.5),), DRIVER, Mode.SHARED, True, None)
     assert "capacity" not in slow.devices[0]
     # The capacity is qualified by the driver's name, like its attributes.
-    other = Offer.build(hcas, "hca.example.com", Mode.SHARED, True, None)
+    other = DeviceOffer.build(hcas, "hca.example.com", Mode.SHARED, True, None)
     assert set(other.devices[0]["capacity"]) == {"hca.example.com/bandwidth"}
 
 
 def test_the_published_devices_pass_the_strict_validation(tmp_path: Path) -> None:
-    offer = Offer.build(_hcas(tmp_path), DRIVER, Mode.SHARED, True, None)
+    offer = DeviceOffer.build(_hcas(tmp_path), DRIVER, Mode.SHARED, True, None)
     validation.check_slice({
         "metadata": {"name": "s"},
         "spec": {"driver": DRIVER, "nodeName": NODE, "devices": list(offer.devices),

@@ -12,7 +12,7 @@ import pytest
 from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi, claim_path
 from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
@@ -40,7 +40,7 @@ def node(tmp_path: Path) -> sim.SimNode:
 
 def writer(client: SliceApi, node: sim.SimNode, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
                              hca_of=offer.hcas.get, files=OffLoop(5.0), **kw)
 

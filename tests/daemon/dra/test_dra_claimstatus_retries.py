@@ -17,7 +17,7 @@ from dra_support import DRIVER, NODE
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
@@ -84,7 +84,7 @@ class Claims:
 def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any
            ) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
                              hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.view,
                              **kw)

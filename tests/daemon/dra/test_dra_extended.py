@@ -18,8 +18,8 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.deviceplugin.pool import Allocation, select, shared_ids
-from rdma_hca.daemon.dra.devices import Offer, hca_device_names
-from rdma_hca.daemon.dra.slices import split
+from rdma_hca.daemon.dra.devices import DeviceOffer, hca_device_names
+from rdma_hca.daemon.dra.resourceslice import split
 from rdma_hca.daemon.offer.cdi import build_spec
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.extended import extended_claim, request_name
@@ -194,10 +194,10 @@ def test_the_node_wide_device_counts_toward_the_slice_limits(dra_node: sim.SimNo
     inventory = discover_node(dra_node.sysfs_root, dra_node.dev_root)
     # 64 HCAs (one record under 64 names: only the count matters to the limits).
     hcas = [dataclasses.replace(inventory.hcas[0], name=f"mlx5_{i}") for i in range(64)]
-    shared = Offer.build(hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    shared = DeviceOffer.build(hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     assert [len(c) for c in split(shared.devices, taints=True)] == [64, 1]
     assert [len(c) for c in split(shared.devices, taints=False)] == [65]
-    exclusive = Offer.build(hcas, DRIVER, Mode.EXCLUSIVE, True, inventory.rdma_cm)
+    exclusive = DeviceOffer.build(hcas, DRIVER, Mode.EXCLUSIVE, True, inventory.rdma_cm)
     assert [len(c) for c in split(exclusive.devices, taints=True)] == [64]
     (node_device,) = [d for d in shared.devices if d["name"] == NODE_DEVICE]
     assert len(node_device["attributes"]) + len(node_device["capacity"]) <= 32

@@ -14,7 +14,7 @@ import pytest
 from rdma_hca.cli import build_parser, settings_from_args
 from rdma_hca.daemon.deviceplugin.pool import select
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import NodeInventory
@@ -49,8 +49,8 @@ def test_dra_mode_from_every_layer_decides_multiple_allocations(
     config = DriverConfig.from_settings(settings)
     assert config.mode is Mode(mode)
     inventory = _inventory(tmp_path)
-    offer = Offer.build(inventory.hcas, config.driver_name, config.mode, True,
-                        inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, config.driver_name, config.mode, True,
+                              inventory.rdma_cm)
     assert offer.devices
     shared = [d.get("allowMultipleAllocations") is True for d in offer.devices]
     assert all(shared) if mode == "shared" else not any(shared)
@@ -63,7 +63,7 @@ def test_the_dra_health_is_the_pools_verdict(tmp_path: Path, rdma_cm: bool) -> N
     if not rdma_cm:
         (node.dev_root / "infiniband" / "rdma_cm").unlink()
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = Offer.build(inventory.hcas, "rdma-hca.io", Mode.SHARED, True, inventory.rdma_cm)
+    offer = DeviceOffer.build(inventory.hcas, "rdma-hca.io", Mode.SHARED, True, inventory.rdma_cm)
     pool = select(PoolConfig(), inventory)
     by_hca = {h.name: pool.hca_healthy(h) for h in inventory.hcas}
     health = offer.health()

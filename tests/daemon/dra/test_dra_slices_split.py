@@ -12,15 +12,11 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.daemon.dra.devices import Offer, digest
+from rdma_hca.daemon.dra.devices import DeviceOffer, digest
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.slices import (
-    Damper,
-    PublishSignals,
-    SlicePublisher,
-    fit_device,
-    split,
-)
+from rdma_hca.daemon.dra.resourceslice import fit_device, split
+from rdma_hca.daemon.dra.slicepace import Damper
+from rdma_hca.daemon.dra.slices import SlicePublisher
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.sriov import sriov_node
 from rdma_hca.node.inventory import discover_node
@@ -39,8 +35,8 @@ def dev(i: int, *, down: bool = False) -> dict[str, Any]:
     return d
 
 
-def offer(devices: list[dict[str, Any]]) -> Offer:
-    return Offer({}, devices, digest(devices))
+def offer(devices: list[dict[str, Any]]) -> DeviceOffer:
+    return DeviceOffer({}, devices, digest(devices))
 
 
 @pytest.fixture
@@ -83,7 +79,7 @@ async def test_a_200_device_sriov_node_publishes(
         api: FakeApiServer, client: SliceApi, tmp_path: Path) -> None:
     node = sriov_node(tmp_path / "n")
     inventory = discover_node(node.sysfs_root, node.dev_root)
-    big = Offer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
+    big = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     # 200 functions and the node-wide device: the latter counts toward the limits too.
     assert len(big.devices) == 201
     publisher = SlicePublisher(client, DRIVER, NODE, NODE)
@@ -187,19 +183,6 @@ def test_a_flapping_port_is_written_at_most_every_spacing() -> None:
     assert writes[-1][1] == changes[-1][1] and writes[-1][0] - last_change <= 3
 
 
-class Host:
-    """The driver's side of the publishing loop, reduced to its state."""
-
-    def __init__(self, offer: Offer) -> None:
-        self.offer = offer
-        self.taints = True
-        self.signals = PublishSignals()
-        self.signals.poke()
-
-    def drop_taints(self) -> None:
-        self.taints = False
-
-
 async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
         api: FakeApiServer, client: SliceApi) -> None:
     waits: list[float] = []
@@ -207,13 +190,12 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    publisher = SlicePublisher(client, DRIVER, NODE, NODE, start_jitter=8.0, sleep=sleep,
-                               rng=random.Random(7))
-    host = Host(offer([dev(0)]))
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]),
+                               start_jitter=8.0, sleep=sleep, rng=random.Random(7))
     api.fail(500, path="/resourceslices")  # the first LIST fails: backoff, then again
-    task = asyncio.create_task(publisher.run(host))
+    task = asyncio.create_task(publisher.run())
     try:
-        assert await asyncio.wait_for(host.signals.published.wait(), 10)
+        assert await asyncio.wait_for(publisher.published.wait(), 10)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,4 +203,67 @@ async def test_the_first_publish_waits_its_start_jitter_and_a_retry_backs_off(
     assert 0 <= waits[0] <= 8.0 and waits[0] == random.Random(7).uniform(0, 8.0)
     assert 0.1 <= waits[1] <= 0.2  # the backoff after the 500
     assert [s["spec"]["devices"] for s in mine(api)] == [[dev(0)]]
-    assert host.signals.error is None and host.signals.passes == 1
+    assert publisher.stats.error is None and publisher.stats.passes == 1
+
+
+async def test_the_stats_count_each_write_read_and_pass(
+        api: FakeApiServer, client: SliceApi) -> None:
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE)
+    await publisher.publish(offer([dev(i) for i in range(200)]))
+    assert (publisher.stats.created, publisher.stats.updated, publisher.stats.deleted,
+            publisher.stats.reads) == (4, 0, 0, 1)
+    await publisher.publish(offer([dev(i) for i in range(100)]))
+    # Two slices gone, the two left rewritten at the next generation.
+    assert (publisher.stats.created, publisher.stats.updated, publisher.stats.deleted) == (
+        4, 2, 2)
+    assert publisher.stats.writes == 8 == len(api.writes())
+    assert publisher.stats.generation == 2
+
+
+async def test_a_failed_pass_is_counted_with_its_error_until_a_good_one(
+        api: FakeApiServer, client: SliceApi) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    async def sleep(seconds: float) -> None:
+        # The loop backs off after counting the failed pass: what it counted shows here.
+        seen.append((publisher.stats.errors, publisher.stats.error))
+
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]),
+                               sleep=sleep, rng=random.Random(1))
+    api.fail(500, times=2, path="/resourceslices")
+    task = asyncio.create_task(publisher.run())
+    try:
+        await asyncio.wait_for(publisher.published.wait(), 10)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert [n for n, _ in seen] == [1, 2]
+    assert all("HTTP 500" in (error or "") for _, error in seen)
+    assert publisher.stats.errors == 2 and publisher.stats.passes == 1
+    assert publisher.stats.error is None  # cleared by the good pass
+
+
+async def test_an_update_with_the_same_devices_queues_nothing(
+        api: FakeApiServer, client: SliceApi) -> None:
+    # No desired devices yet: nothing to publish, not even an empty pool (it would delete
+    # what a previous instance published).
+    assert SlicePublisher(client, DRIVER, NODE, NODE).idle
+    publisher = SlicePublisher(client, DRIVER, NODE, NODE, desired=offer([dev(0)]), resync=0)
+    assert not publisher.idle  # the first pass is due
+    task = asyncio.create_task(publisher.run())
+    try:
+        await asyncio.wait_for(publisher.published.wait(), 10)
+        assert publisher.idle
+        writes = len(api.writes())
+        publisher.update(offer([dev(0)]))
+        assert publisher.idle  # the same devices: no pass
+        publisher.published.clear()
+        publisher.update(offer([dev(0, down=True)]))
+        assert not publisher.idle
+        await asyncio.wait_for(publisher.published.wait(), 10)
+        assert len(api.writes()) == writes + 1 and publisher.stats.passes == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -262,15 +262,14 @@ cdi:
 dra:
   mode: {{ .Values.dra.mode }}
   deviceMetadata: {{ .Values.dra.deviceMetadata | toJson }}
+  nodeDevice: {{ ne (toString .Values.dra.nodeDevice) "false" }}
+  defaultBandwidth: {{ .Values.dra.defaultBandwidth | default "0" | quote }}
   apiQps: {{ .Values.dra.apiQps }}
   apiBurst: {{ .Values.dra.apiBurst }}
   claimApiQps: {{ .Values.dra.claimApiQps }}
   claimApiBurst: {{ .Values.dra.claimApiBurst }}
   resyncSeconds: {{ .Values.dra.resyncSeconds }}
   startJitterSeconds: {{ .Values.dra.startJitterSeconds }}
-  {{- if eq (toString .Values.dra.nodeDevice) "false" }}
-  nodeDevice: false
-  {{- end }}
   {{- if .Values.dra.selectors }}
   selectors:
     {{- toYaml .Values.dra.selectors | nindent 4 }}

@@ -55,21 +55,18 @@ at the image a release pushed (ghcr.io/<owner>/rdma-hca) or at your own build:
 DRA is on (driver {{ .Values.dra.driverName }}): every node publishes its HCAs as a ResourceSlice,
      kubectl get resourceslices --field-selector spec.driver={{ .Values.dra.driverName }}
 and ResourceClaims ask for them through the DeviceClass {{ .Values.dra.driverName }} (docs/dra.md).
-{{- if and .Values.dra.extendedResourceName (or (eq (toString .Values.dra.mode) "exclusive") (include "rdma.draNodeDevice" .)) }}
+{{- if .Values.dra.extendedResourceName }}
 Pods asking for {{ .Values.dra.extendedResourceName }} in resources.limits are served by DRA through the
 DeviceClass {{ .Values.dra.driverName }}-extended where DRAExtendedResource is on (beta in 1.36).
-{{- else if .Values.dra.extendedResourceName }}
-dra.nodeDevice is false: no node-wide device is published, so DRA serves no {{ .Values.dra.extendedResourceName }} and
-no DeviceClass {{ .Values.dra.driverName }}-extended is installed. A pod asking for {{ .Values.dra.extendedResourceName }} in
-resources.limits runs only where a device plugin offers it, else it stays Pending
-(Insufficient {{ .Values.dra.extendedResourceName }}); give it a ResourceClaim instead (examples/dra-resourceclaimtemplate.yaml:
-one HCA; examples/dra-8gpu-paired-job.yaml: an HCA for each GPU).
+{{- if and (ne (toString .Values.dra.mode) "exclusive") (eq (toString .Values.dra.nodeDevice) "false") }}
+dra.nodeDevice is false: each unit of {{ .Values.dra.extendedResourceName }} is one HCA, not every HCA of the node.
+{{- end }}
 {{- end }}
 {{- if include "rdma.draNodeDevice" . }}
 A DeviceClass of your own for this driver must select the kind too: written as DRA guides
 show it (device.driver == "{{ .Values.dra.driverName }}") it also matches the node-wide device all-hcas, so a
-claim for one HCA may get every HCA of the node, and a selector on hcaName fails the
-allocation ("no such key: hcaName"). Add
+claim for one HCA may get every HCA of the node, and a selector on an attribute only an HCA
+has (netdev, pcieRoot, nodeGUID) fails the allocation ("CEL runtime error: no such key"). Add
   && device.attributes["{{ .Values.dra.driverName }}"].kind == "hca"
 (the chart's DeviceClass {{ .Values.dra.driverName }} already keeps all-hcas out; docs/dra.md).
 {{- end }}

@@ -61,6 +61,8 @@ class DriverConfig:
     socket_check_seconds: float
     health_resend_seconds: float
     device_metadata: DeviceMetadata
+    node_device: bool
+    default_bandwidth: int
 
     @classmethod
     def from_settings(cls, settings: Settings, *, read_deadline: float | None = None,
@@ -93,6 +95,8 @@ class DriverConfig:
             socket_check_seconds=fixed.socket_check_seconds,
             health_resend_seconds=fixed.health_resend_seconds,
             device_metadata=DeviceMetadata(settings.dra.device_metadata),
+            node_device=settings.dra.node_device,
+            default_bandwidth=settings.dra.default_bandwidth,
         )
 
     @property

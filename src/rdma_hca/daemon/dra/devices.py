@@ -13,10 +13,24 @@ pod's ``rdma/hca: 1`` (ONE device of that class) gets what the device plugin gav
 A shared device also publishes its bandwidth as a consumable capacity
 (``<driver>/bandwidth``, DRAConsumableCapacity): the scheduler then hands each claim the
 share it asks for and never more than the port's rate in total. The policy's default is
-0, so a claim that asks for no bandwidth consumes none and fits as before; the step is
-1G: link rates are whole Gb/s (10G to 800G, SDR's 2.5G aside), and a finer step would
-only let claims ask for precision no RDMA traffic keeps to, a coarser one (25G) would
-round small asks up into waste.
+``dra.defaultBandwidth`` (0 unless set), what a claim that asks for no bandwidth consumes;
+on an HCA slower than it, the default is the HCA's whole rate (whole steps of it), so such
+a claim still fits, alone. The step is 1G: link rates are whole Gb/s (10G to 800G, SDR's
+2.5G aside), and a finer step would only let claims ask for precision no RDMA traffic
+keeps to, a coarser one (25G) would round small asks up into waste.
+
+The node-wide device holds no bandwidth: its allocations cannot consume the capacity of
+the HCAs' own devices (a consumable capacity is one device's), so claims of it and claims
+asking bandwidth share the ports uncounted; ``dra.nodeDevice: false`` leaves it out for
+nodes where the bandwidth count must hold. It carries the driver's attributes a per-HCA
+selector is likely to name, with what is true of every HCA it gives (``hcaName`` is
+``all``, ``rateGbps`` the slowest, ``vendor`` and ``roceV2IPv6`` only when every HCA
+agrees), so such a selector is false for it rather than an error; the standard
+attributes (PCIe root, bus ID, NUMA node) and each HCA's own identities (netdev, GUID,
+firmware) have no one value for several HCAs and are left out.
+
+The records are typed (``Device`` and its parts, the API's field names); they become
+JSON bodies only where the publisher sends them.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from rdma_hca.contract.dra import (
     BANDWIDTH,
@@ -44,12 +58,58 @@ from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
 from rdma_hca.node.model import CharDevice, Hca
-from rdma_hca.settings.model import DEFAULT_RDMA_HCA_MAX, Mode
+from rdma_hca.settings.model import BANDWIDTH_STEP, DEFAULT_RDMA_HCA_MAX, Mode
 
 MAX_DNS_LABEL = 63
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
-BANDWIDTH_STEP = 10**9  # bits per second: 1G
+NODE_HCA_NAME = "all"  # the node-wide device's hcaName: no HCA's own name
+
+
+
+class Attribute(TypedDict, total=False):
+    """A device attribute, as the API writes it: one typed value (``strings`` appears in
+    the device metadata files only, never in a slice)."""
+
+    string: str
+    int: int
+    bool: bool
+    version: str
+    strings: list[str]
+
+
+Attributes = dict[str, Attribute]
+
+
+class ValidRange(TypedDict):
+    min: str
+    step: str
+
+
+class RequestPolicy(TypedDict):
+    default: str
+    validRange: ValidRange
+
+
+class Capacity(TypedDict):
+    value: str
+    requestPolicy: NotRequired[RequestPolicy]
+
+
+class Taint(TypedDict):
+    key: str
+    value: str
+    effect: str
+
+
+class Device(TypedDict):
+    """One entry of a ResourceSlice's ``spec.devices``."""
+
+    name: str
+    attributes: Attributes
+    allowMultipleAllocations: NotRequired[bool]
+    capacity: NotRequired[dict[str, Capacity]]
+    taints: NotRequired[list[Taint]]
 
 
 def device_names(names: Iterable[str]) -> dict[str, str]:
@@ -108,14 +168,22 @@ def quantity_text(value: int) -> str:
 _STEP = quantity_text(BANDWIDTH_STEP)
 
 
-def capacity(hca: Hca, driver: str) -> dict[str, dict[str, Any]]:
+def default_share(bits: int, default_bandwidth: int) -> int:
+    """The request policy's default on an HCA of ``bits``: ``default_bandwidth``, or the
+    whole steps of the rate when that is less (the API server would take a default above
+    the capacity, and the scheduler would then fit no claim that asks nothing)."""
+    return min(default_bandwidth, bits - bits % BANDWIDTH_STEP)
+
+
+def capacity(hca: Hca, driver: str, default_bandwidth: int = 0) -> dict[str, Capacity]:
     """The device's consumable capacities: its bandwidth, when its rate is known."""
     bits = bandwidth_bps(hca)
     if bits is None:
         return {}
+    default = quantity_text(default_share(bits, default_bandwidth))
     return {f"{driver}/{BANDWIDTH}": {
         "value": quantity_text(bits),
-        "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": _STEP}}}}
+        "requestPolicy": {"default": default, "validRange": {"min": "0", "step": _STEP}}}}
 
 
 def _link_layer(hca: Hca) -> str | None:
@@ -123,40 +191,55 @@ def _link_layer(hca: Hca) -> str | None:
     return ",".join(layers) if layers else None
 
 
-def attributes(hca: Hca, driver: str,
-               held: Collection[str] = ()) -> dict[str, dict[str, Any]]:
-    attrs: dict[str, dict[str, Any]] = {}
+class _Attrs:
+    """Attributes put one by one; a value that is not known is left out."""
 
-    def put(key: str, kind: str, value: object) -> None:
-        if value is not None and value != "":
-            attrs[key] = {kind: value}
+    def __init__(self) -> None:
+        self.out: Attributes = {}
 
-    put(f"{STANDARD}/pcieRoot", "string", hca.pcie_root)
-    put(f"{STANDARD}/pciBusID", "string", hca.pci_bus_id)
+    def text(self, key: str, value: str | None) -> None:
+        if value:
+            self.out[key] = {"string": value}
+
+    def number(self, key: str, value: int | None) -> None:
+        if value is not None:
+            self.out[key] = {"int": value}
+
+    def flag(self, key: str, value: bool) -> None:
+        self.out[key] = {"bool": value}
+
+
+def _roce_v2_ipv6(hca: Hca) -> bool:
+    return any(g.is_roce_v2 and g.kind.value == "global-ipv6" for p in hca.ports for g in p.gids)
+
+
+def attributes(hca: Hca, driver: str, held: Collection[str] = ()) -> Attributes:
+    put = _Attrs()
+    put.text(f"{STANDARD}/pcieRoot", hca.pcie_root)
+    put.text(f"{STANDARD}/pciBusID", hca.pci_bus_id)
     if hca.numa_node is not None and hca.numa_node >= 0:
-        put(f"{STANDARD}/numaNode", "int", hca.numa_node)
-    put(f"{driver}/{KIND}", "string", KIND_HCA)
-    put(f"{driver}/hcaName", "string", hca.name)
-    put(f"{driver}/netdev", "string", hca.netdevs[0] if hca.netdevs else None)
-    put(f"{driver}/linkLayer", "string", _link_layer(hca))
-    put(f"{driver}/rateGbps", "int", _rate_gbps(hca))
-    put(f"{driver}/vendor", "string", hca.pci_vendor)
-    put(f"{driver}/firmware", "string", hca.fw_ver)
-    put(f"{driver}/nodeGUID", "string", hca.node_guid)
-    put(f"{driver}/roceV2IPv6", "bool", any(
-        g.is_roce_v2 and g.kind.value == "global-ipv6" for p in hca.ports for g in p.gids))
-    put(f"{driver}/linkState", "string", link_state(hca, held))
-    return attrs
+        put.number(f"{STANDARD}/numaNode", hca.numa_node)
+    put.text(f"{driver}/{KIND}", KIND_HCA)
+    put.text(f"{driver}/hcaName", hca.name)
+    put.text(f"{driver}/netdev", hca.netdevs[0] if hca.netdevs else None)
+    put.text(f"{driver}/linkLayer", _link_layer(hca))
+    put.number(f"{driver}/rateGbps", _rate_gbps(hca))
+    put.text(f"{driver}/vendor", hca.pci_vendor)
+    put.text(f"{driver}/firmware", hca.fw_ver)
+    put.text(f"{driver}/nodeGUID", hca.node_guid)
+    put.flag(f"{driver}/roceV2IPv6", _roce_v2_ipv6(hca))
+    put.text(f"{driver}/linkState", link_state(hca, held))
+    return put.out
 
 
 def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool,
-           held: Collection[str] = ()) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "attributes": attributes(hca, driver, held)}
+           held: Collection[str] = (), default_bandwidth: int = 0) -> Device:
+    entry: Device = {"name": name, "attributes": attributes(hca, driver, held)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
         # Exclusive devices publish none: a request policy needs allowMultipleAllocations,
         # and a claim holding the whole HCA has nothing to share.
-        if cap := capacity(hca, driver):
+        if cap := capacity(hca, driver, default_bandwidth):
             entry["capacity"] = cap
     # The taint says the link is down (or the HCA unusable); a missing rdma_cm is the
     # node's, not the device's, and shows in the health stream instead.
@@ -177,17 +260,29 @@ def hca_device_names(names: Iterable[str], *, node_device: bool) -> dict[str, st
     return out
 
 
-def node_attributes(hcas: Sequence[Hca], driver: str,
-                    held: Collection[str] = ()) -> dict[str, dict[str, Any]]:
+def node_attributes(hcas: Sequence[Hca], driver: str, held: Collection[str] = ()) -> Attributes:
+    """What is true of every usable HCA the node-wide device gives (module docstring)."""
     usable = every_usable(hcas)
     up = any(hca_up(h, held) for h in usable)
-    return {f"{driver}/{KIND}": {"string": KIND_NODE},
-            f"{driver}/hcaCount": {"int": len(usable)},
-            f"{driver}/linkState": {"string": "up" if up else "down"}}
+    put = _Attrs()
+    put.text(f"{driver}/{KIND}", KIND_NODE)
+    put.number(f"{driver}/hcaCount", len(usable))
+    put.text(f"{driver}/linkState", "up" if up else "down")
+    if not usable:
+        return put.out
+    put.text(f"{driver}/hcaName", NODE_HCA_NAME)
+    layers = sorted({p.link_layer.value for h in usable for p in h.ports})
+    put.text(f"{driver}/linkLayer", ",".join(layers))
+    rates = [_rate_gbps(h) for h in usable]
+    put.number(f"{driver}/rateGbps", None if None in rates else min(r or 0 for r in rates))
+    vendors = {h.pci_vendor for h in usable}
+    put.text(f"{driver}/vendor", vendors.pop() if len(vendors) == 1 else None)
+    put.flag(f"{driver}/roceV2IPv6", all(_roce_v2_ipv6(h) for h in usable))
+    return put.out
 
 
 def node_device(hcas: Sequence[Hca], driver: str, taints: bool,
-                held: Collection[str] = ()) -> dict[str, Any]:
+                held: Collection[str] = ()) -> Device:
     """The node-wide device: every usable HCA, for any number of pods at once.
 
     ``allowMultipleAllocations`` lets every pod's claim have it; the ``slots`` capacity
@@ -195,7 +290,7 @@ def node_device(hcas: Sequence[Hca], driver: str, taints: bool,
     them to the device plugin's 1000. Tainted only when no HCA can carry traffic: one
     port down still leaves the others, as the device plugin's slots keep being given.
     """
-    entry: dict[str, Any] = {
+    entry: Device = {
         "name": NODE_DEVICE, "attributes": node_attributes(hcas, driver, held),
         "allowMultipleAllocations": True,
         "capacity": {f"{driver}/{SLOTS}": {
@@ -208,11 +303,12 @@ def node_device(hcas: Sequence[Hca], driver: str, taints: bool,
 
 
 @dataclass(frozen=True, slots=True)
-class Offer:
-    """What the driver offers at one moment: devices by name, and the slice's device list."""
+class DeviceOffer:
+    """What the driver offers at one moment: devices by name, and the slice's device list
+    (the pool's desired devices, which the slice publisher takes)."""
 
     hcas: Mapping[str, Hca]  # per-HCA device name -> HCA
-    devices: Sequence[dict[str, Any]]
+    devices: Sequence[Device]
     digest: str
     rdma_cm: CharDevice | None = None
     # Devices that stand for several HCAs (the node-wide one, in shared mode) -> every
@@ -222,12 +318,16 @@ class Offer:
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
-              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset()) -> Offer:
+              rdma_cm: CharDevice | None, held: frozenset[str] = frozenset(), *,
+              node_device_on: bool = True, default_bandwidth: int = 0) -> DeviceOffer:
+        """``node_device_on`` is ``dra.nodeDevice``, ``default_bandwidth`` is
+        ``dra.defaultBandwidth`` in bits per second."""
         # Exclusive mode keeps one HCA per unit: a device every pod shares has no place.
-        node_wide = mode is Mode.SHARED and bool(hcas)
+        node_wide = node_device_on and mode is Mode.SHARED and bool(hcas)
         names = hca_device_names((h.name for h in hcas), node_device=node_wide)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
-        devices = [device(h, n, driver, mode, taints, held) for n, h in by_device.items()]
+        devices = [device(h, n, driver, mode, taints, held, default_bandwidth)
+                   for n, h in by_device.items()]
         groups: dict[str, tuple[Hca, ...]] = {}
         if node_wide:
             devices.append(node_device(hcas, driver, taints, held))
@@ -250,5 +350,5 @@ class Offer:
         return out
 
 
-def digest(devices: Sequence[Mapping[str, Any]]) -> str:
+def digest(devices: Sequence[Device]) -> str:
     return hashlib.sha256(json.dumps(devices, sort_keys=True).encode()).hexdigest()[:16]

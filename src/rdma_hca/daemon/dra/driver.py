@@ -2,9 +2,10 @@
 
 Its parts are those of the upstream kubelet plugin helper: the sockets and the
 registration (``sockets.py``), the claims with their CDI specs and checkpoint
-(``claims.py``, ``checkpoint.py``), and publishing the node's ResourceSlice (the
-loop below, over ``slices.py``). The kubelet registering us makes the publisher check
-the API server's copy again, since a starting kubelet deletes the node's slices.
+(``claims.py``, ``checkpoint.py``), and publishing the node's ResourceSlice
+(``slices.py``: the driver hands it each new offer's devices). The kubelet registering us
+makes the publisher check the API server's copy again, since a starting kubelet deletes
+the node's slices.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
-from rdma_hca.daemon.dra.slices import PublishSignals, SliceClient, SlicePublisher
+from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher, Stats
 from rdma_hca.daemon.dra.sockets import KubeletSockets
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.offloop import OffLoop
@@ -87,8 +88,7 @@ class DraDriver:
         self.claim_events: ClaimEvents | None = None
         self._api = api
         self._own_api = api is None
-        self._taints = config.device_taints
-        self._offer = Offer.build((), config.driver_name, config.mode, self._taints, None)
+        self._offer = self._build_offer((), None, frozenset())
         self.rdma_cm: CharDevice | None = None
         self.board = HealthBoard(config.pool_name)
         self._files = OffLoop(config.read_deadline)
@@ -103,7 +103,6 @@ class DraDriver:
                                             config.health_resend_seconds),
             self._on_registered)
         self.publisher: SlicePublisher | None = None
-        self._signals = PublishSignals()
         self._hcas: tuple[Hca, ...] = ()
         self._held: frozenset[str] = frozenset()
         self._tasks: list[asyncio.Task[None]] = []
@@ -139,32 +138,29 @@ class DraDriver:
         return self.sockets.registrations
 
     @property
-    def signals(self) -> PublishSignals:
-        return self._signals
-
-    @property
-    def offer(self) -> Offer:
+    def offer(self) -> DeviceOffer:
         return self._offer
 
     @property
-    def taints(self) -> bool:
-        """Devices carry taints (until the API server refuses them)."""
-        return self._taints
+    def publish_stats(self) -> Stats:
+        """What the slice publisher did (nothing before start)."""
+        return self.publisher.stats if self.publisher is not None else Stats()
 
     @property
     def publish_error(self) -> str | None:
         """Why the last publish pass failed; None after a good one."""
-        return self._signals.error
+        return self.publish_stats.error
 
     @property
     def published(self) -> asyncio.Event:
-        """Set after every successful publish pass."""
-        return self._signals.published
+        """Set after every successful publish pass (the publisher's, made at start)."""
+        assert self.publisher is not None, "the driver is not started"
+        return self.publisher.published
 
     @property
     def publish_passes(self) -> int:
         """Successful publish passes, written or not."""
-        return self._signals.passes
+        return self.publish_stats.passes
 
     @property
     def published_since_start(self) -> bool:
@@ -202,13 +198,12 @@ class DraDriver:
     @property
     def idle(self) -> bool:
         """No publish pass running or due (tests and benchmarks wait for this)."""
-        return self._signals.idle
+        return self.publisher is None or self.publisher.idle
 
     # --- life cycle ------------------------------------------------------------------
 
     async def start(self, inventory: NodeInventory | None = None) -> None:
         check_config(self.config)
-        self._signals.stopping = False
         if self._api is None:
             try:
                 self._api = await SliceApi.connect(self.config.kubeconfig,
@@ -238,13 +233,13 @@ class DraDriver:
             self._hook_status(self._api)
         self.publisher = SlicePublisher(self._api, self.config.driver_name,
                                         self.config.node_name, self.config.pool_name,
+                                        desired=self._offer, taints=self.config.device_taints,
                                         resync=self.config.resync_seconds,
                                         start_jitter=self.config.start_jitter_seconds)
         if inventory is not None:
             await self.update(inventory)
         await self.sockets.start()
         self._tasks = [asyncio.create_task(self._publish_loop(), name="dra-publish")]
-        self._signals.poke()
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
@@ -252,7 +247,6 @@ class DraDriver:
         Bounded: a task that does not end within STOP_WAIT is left behind (and named),
         so SIGTERM always ends with the sockets removed.
         """
-        self._signals.stopping = True
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -300,24 +294,27 @@ class DraDriver:
         self.claims.on_unprepared = writer.on_unprepared
         self.status_writer = writer
 
-    def drop_taints(self) -> None:
-        self._taints = False
-        self._rebuild()
+    def _build_offer(self, hcas: Sequence[Hca], rdma_cm: CharDevice | None,
+                     held: frozenset[str]) -> DeviceOffer:
+        return DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
+                                 self.config.device_taints, rdma_cm, held,
+                                 node_device_on=self.config.node_device,
+                                 default_bandwidth=self.config.default_bandwidth)
 
     def _rebuild(self) -> None:
-        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode,
-                            self._taints, self.rdma_cm, self._held)
+        offer = self._build_offer(self._hcas, self.rdma_cm, self._held)
         self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
         self.claims.groups = offer.groups
         # Replaced even when the slice stays as it is: the health verdict also follows
         # rdma_cm, which the slice does not show.
-        changed, self._offer = offer.digest != self._offer.digest, offer
-        if changed:
-            self._signals.poke()
+        self._offer = offer
+        if self.publisher is not None:
+            self.publisher.update(offer)  # written when its devices changed
 
     def _on_registered(self) -> None:
         # A starting kubelet deleted this node's slices: look at the server's copy again.
-        self._signals.poke(check=True)
+        if self.publisher is not None:
+            self.publisher.check()
 
     # --- claims (the kubelet's calls) ------------------------------------------------
 
@@ -331,4 +328,4 @@ class DraDriver:
 
     async def _publish_loop(self) -> None:
         assert self.publisher is not None
-        await self.publisher.run(self)
+        await self.publisher.run()

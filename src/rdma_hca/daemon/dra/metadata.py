@@ -30,10 +30,10 @@ import re
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from rdma_hca.contract.checkpoint import PreparedClaim
-from rdma_hca.daemon.dra.devices import attributes, node_attributes
+from rdma_hca.daemon.dra.devices import Attributes, attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
 from rdma_hca.settings.model import DeviceMetadata
@@ -109,7 +109,7 @@ def roce_gids(hca: Hca) -> list[str]:
             if g.is_roce_v2 and g.kind in _FAMILY]
 
 
-def device_attributes(hca: Hca, driver: str, env: Sequence[str]) -> dict[str, dict[str, Any]]:
+def device_attributes(hca: Hca, driver: str, env: Sequence[str]) -> Attributes:
     """What the slice publishes of the device, its RoCE v2 GIDs and the container env."""
     attrs = attributes(hca, driver)
     gids = roce_gids(hca)
@@ -121,13 +121,22 @@ def device_attributes(hca: Hca, driver: str, env: Sequence[str]) -> dict[str, di
 
 
 def group_attributes(hcas: Sequence[Hca], driver: str,
-                     env: Sequence[str]) -> dict[str, dict[str, Any]]:
+                     env: Sequence[str]) -> Attributes:
     """The node-wide device's: what the slice publishes of it, and the container env
     (which names its HCAs); the GIDs of many HCAs are each HCA's own device's."""
     attrs = node_attributes(hcas, driver)
     if env:
         attrs[f"{driver}/{CONTAINER_ENV}"] = {"strings": list(env)}
     return attrs
+
+
+class MetadataDevice(TypedDict):
+    """One device of a request in a ``DeviceMetadata`` object."""
+
+    driver: str
+    pool: str
+    name: str
+    attributes: Attributes
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +159,7 @@ NOTHING = Plan()
 
 
 def document(version: str, claim: PreparedClaim, uid: str, pod_claim: str | None,
-             request: str, devices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+             request: str, devices: Sequence[MetadataDevice]) -> dict[str, Any]:
     """One ``DeviceMetadata`` object, as the upstream scheme encodes it."""
     doc: dict[str, Any] = {
         "kind": KIND, "apiVersion": f"{GROUP}/{version}",
@@ -170,11 +179,12 @@ def plan(setting: DeviceMetadata, driver: str, plugin_dir: str, uid: str,
     wanted = versions(setting)
     if not wanted:
         return NOTHING
-    by_request: dict[str, list[dict[str, Any]]] = {}
+    by_request: dict[str, list[MetadataDevice]] = {}
     for d in claim.devices:
         attrs = (group_attributes(hcas[d.device], driver, env) if d.device in groups
                  else device_attributes(hcas[d.device][0], driver, env))
-        entry = {"driver": driver, "pool": d.pool, "name": d.device, "attributes": attrs}
+        entry: MetadataDevice = {"driver": driver, "pool": d.pool, "name": d.device,
+                                 "attributes": attrs}
         for request in d.request_names:
             by_request.setdefault(request, []).append(entry)
     files: list[MetadataFile] = []
