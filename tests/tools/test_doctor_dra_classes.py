@@ -37,7 +37,7 @@ DRIVER = "rdma-hca.io"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 TITLE = f"DeviceClasses of {DRIVER}"
 GUIDE = f'device.driver == "{DRIVER}"'
-BY_NAME = f'{GUIDE} && device.attributes["{DRIVER}"].hcaName == "mlx5_0"'
+BY_NAME = f'{GUIDE} && device.attributes["{DRIVER}"].netdev == "eth0"'
 # The chart's two classes (deploy/helm/.../dra-deviceclass.yaml), as rendered in shared mode.
 ATTRS = f'device.attributes["{DRIVER}"]'
 IS_NODE = f'("kind" in {ATTRS} && {ATTRS}.kind == "node")'
@@ -85,8 +85,8 @@ def test_a_class_selecting_only_the_driver_fails_and_says_why_and_how_to_fix(
     # Only the class naming an HCA-only attribute fails allocation outright.
     assert line == (
         f"✗ {TITLE}: 2 select {DRIVER} without selecting the kind of device: rdma, "
-        "rdma-by-name (its selector names hcaName, which all-hcas lacks: allocation fails "
-        'for every claim of it with "CEL runtime error: no such key: hcaName"). They also '
+        "rdma-by-name (its selector names netdev, which all-hcas lacks: allocation fails "
+        'for every claim of it with "CEL runtime error: no such key: netdev"). They also '
         f"match the node-wide device {NODE_DEVICE} (every HCA of a node), so a claim for "
         '"an HCA" may get the whole node')
     assert (f'how to fix: add device.attributes["{DRIVER}"].kind == "hca" to the class\'s '
@@ -165,6 +165,6 @@ def test_the_trap_and_its_fix_under_cel(sim: SimNode) -> None:
     fixed = f"{GUIDE} && {hca_selector(DRIVER)}"  # the fix the doctor prints
     assert not _matches(fixed, wide) and _matches(fixed, hca)
     assert _matches(CHART_HCA, hca) and not _matches(CHART_HCA, wide)
-    with pytest.raises(celpy.CELEvalError, match="hcaName"):
+    with pytest.raises(celpy.CELEvalError, match="netdev"):
         _matches(BY_NAME, wide)  # "no such key" on the node-wide device
     assert not _matches(f"{fixed} && " + BY_NAME.split(" && ")[1], wide)

@@ -27,7 +27,8 @@ NODE_DEVICE = "all-hcas"  # the node-wide device, a name no HCA's device is give
 # Attributes the driver publishes.
 LINK_STATE = "linkState"  # every device: "up" or "down"
 HCA_COUNT = "hcaCount"  # the node-wide device only: how many HCAs a claim of it gets
-HCA_NAME = "hcaName"  # per-HCA devices only, from here on
+HCA_NAME = "hcaName"  # the HCA's name; the node-wide device has NODE_HCA_NAME
+NODE_HCA_NAME = "all"  # no HCA's own name, so a selector by name never picks all-hcas
 NETDEV = "netdev"
 LINK_LAYER = "linkLayer"
 RATE_GBPS = "rateGbps"
@@ -38,11 +39,13 @@ ROCE_V2_IPV6 = "roceV2IPv6"
 PCIE_ROOT = f"{STANDARD}/pcieRoot"
 PCI_BUS_ID = f"{STANDARD}/pciBusID"
 NUMA_NODE = f"{STANDARD}/numaNode"
-# What a selector may name of a per-HCA device that the node-wide device lacks: a class
+# What a selector may name of a per-HCA device that the node-wide device may lack: a class
 # naming one without selecting on ``kind`` fails allocation on the node-wide device
-# ("CEL runtime error: no such key").
-HCA_ONLY_ATTRIBUTES = frozenset({HCA_NAME, NETDEV, LINK_LAYER, RATE_GBPS, VENDOR, FIRMWARE,
-                                 NODE_GUID, ROCE_V2_IPV6, PCIE_ROOT, PCI_BUS_ID, NUMA_NODE})
+# ("CEL runtime error: no such key"). The node-wide device carries hcaName, linkLayer and
+# rateGbps always, vendor and roceV2IPv6 only where every HCA agrees, and never one HCA's
+# own identity or place (netdev, firmware, GUID, PCI).
+HCA_ONLY_ATTRIBUTES = frozenset({NETDEV, VENDOR, FIRMWARE, NODE_GUID, ROCE_V2_IPV6, PCIE_ROOT,
+                                 PCI_BUS_ID, NUMA_NODE})
 
 # Consumable capacities.
 BANDWIDTH = "bandwidth"  # per-HCA devices in shared mode: bits per second

@@ -45,14 +45,27 @@ from typing import NotRequired, TypedDict
 
 from rdma_hca.contract.dra import (
     BANDWIDTH,
+    FIRMWARE,
     FLAPPING,
+    HCA_COUNT,
+    HCA_NAME,
     KIND,
     KIND_HCA,
     KIND_NODE,
     LINK_DOWN_TAINT,
+    LINK_LAYER,
+    LINK_STATE,
+    NETDEV,
     NODE_DEVICE,
+    NODE_GUID,
+    NODE_HCA_NAME,
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    RATE_GBPS,
+    ROCE_V2_IPV6,
     SLOTS,
-    STANDARD,
+    VENDOR,
 )
 from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
@@ -63,7 +76,6 @@ from rdma_hca.settings.model import BANDWIDTH_STEP, DEFAULT_RDMA_HCA_MAX, Mode
 MAX_DNS_LABEL = 63
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
-NODE_HCA_NAME = "all"  # the node-wide device's hcaName: no HCA's own name
 
 
 
@@ -215,20 +227,20 @@ def _roce_v2_ipv6(hca: Hca) -> bool:
 
 def attributes(hca: Hca, driver: str, held: Collection[str] = ()) -> Attributes:
     put = _Attrs()
-    put.text(f"{STANDARD}/pcieRoot", hca.pcie_root)
-    put.text(f"{STANDARD}/pciBusID", hca.pci_bus_id)
+    put.text(PCIE_ROOT, hca.pcie_root)
+    put.text(PCI_BUS_ID, hca.pci_bus_id)
     if hca.numa_node is not None and hca.numa_node >= 0:
-        put.number(f"{STANDARD}/numaNode", hca.numa_node)
+        put.number(NUMA_NODE, hca.numa_node)
     put.text(f"{driver}/{KIND}", KIND_HCA)
-    put.text(f"{driver}/hcaName", hca.name)
-    put.text(f"{driver}/netdev", hca.netdevs[0] if hca.netdevs else None)
-    put.text(f"{driver}/linkLayer", _link_layer(hca))
-    put.number(f"{driver}/rateGbps", _rate_gbps(hca))
-    put.text(f"{driver}/vendor", hca.pci_vendor)
-    put.text(f"{driver}/firmware", hca.fw_ver)
-    put.text(f"{driver}/nodeGUID", hca.node_guid)
-    put.flag(f"{driver}/roceV2IPv6", _roce_v2_ipv6(hca))
-    put.text(f"{driver}/linkState", link_state(hca, held))
+    put.text(f"{driver}/{HCA_NAME}", hca.name)
+    put.text(f"{driver}/{NETDEV}", hca.netdevs[0] if hca.netdevs else None)
+    put.text(f"{driver}/{LINK_LAYER}", _link_layer(hca))
+    put.number(f"{driver}/{RATE_GBPS}", _rate_gbps(hca))
+    put.text(f"{driver}/{VENDOR}", hca.pci_vendor)
+    put.text(f"{driver}/{FIRMWARE}", hca.fw_ver)
+    put.text(f"{driver}/{NODE_GUID}", hca.node_guid)
+    put.flag(f"{driver}/{ROCE_V2_IPV6}", _roce_v2_ipv6(hca))
+    put.text(f"{driver}/{LINK_STATE}", link_state(hca, held))
     return put.out
 
 
@@ -266,18 +278,18 @@ def node_attributes(hcas: Sequence[Hca], driver: str, held: Collection[str] = ()
     up = any(hca_up(h, held) for h in usable)
     put = _Attrs()
     put.text(f"{driver}/{KIND}", KIND_NODE)
-    put.number(f"{driver}/hcaCount", len(usable))
-    put.text(f"{driver}/linkState", "up" if up else "down")
+    put.number(f"{driver}/{HCA_COUNT}", len(usable))
+    put.text(f"{driver}/{LINK_STATE}", "up" if up else "down")
     if not usable:
         return put.out
-    put.text(f"{driver}/hcaName", NODE_HCA_NAME)
+    put.text(f"{driver}/{HCA_NAME}", NODE_HCA_NAME)
     layers = sorted({p.link_layer.value for h in usable for p in h.ports})
-    put.text(f"{driver}/linkLayer", ",".join(layers))
+    put.text(f"{driver}/{LINK_LAYER}", ",".join(layers))
     rates = [_rate_gbps(h) for h in usable]
-    put.number(f"{driver}/rateGbps", None if None in rates else min(r or 0 for r in rates))
+    put.number(f"{driver}/{RATE_GBPS}", None if None in rates else min(r or 0 for r in rates))
     vendors = {h.pci_vendor for h in usable}
-    put.text(f"{driver}/vendor", vendors.pop() if len(vendors) == 1 else None)
-    put.flag(f"{driver}/roceV2IPv6", all(_roce_v2_ipv6(h) for h in usable))
+    put.text(f"{driver}/{VENDOR}", vendors.pop() if len(vendors) == 1 else None)
+    put.flag(f"{driver}/{ROCE_V2_IPV6}", all(_roce_v2_ipv6(h) for h in usable))
     return put.out
 
 

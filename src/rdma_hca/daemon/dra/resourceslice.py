@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict, cast
 
+from rdma_hca.contract.dra import LINK_STATE
 from rdma_hca.daemon.dra.devices import Device
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
@@ -159,7 +160,7 @@ def down_devices(devices: Sequence[Device]) -> frozenset[str]:
     out = []
     for d in devices:
         state = next((v.get("string") for k, v in (d.get("attributes") or {}).items()
-                      if k.endswith("/linkState")), None)
+                      if k.endswith("/" + LINK_STATE)), None)
         if d.get("taints") or state == "down":
             out.append(d["name"])
     return frozenset(out)

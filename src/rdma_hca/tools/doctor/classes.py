@@ -6,7 +6,7 @@ driver publishes, beside one device per HCA (``kind: hca``), the node-wide devic
 A class that does not select on ``kind`` matches both, so:
 
 - a claim asking for "an HCA" of that class may be given the whole node;
-- a selector naming an attribute only HCAs carry (``hcaName``, ``netdev``, ...) fails
+- a selector naming an attribute only HCAs carry (``netdev``, ``pcieRoot``, ...) fails
   allocation for every claim of the class, with "CEL runtime error: no such key" when
   the scheduler evaluates it on the node-wide device.
 
