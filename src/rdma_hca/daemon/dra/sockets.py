@@ -142,6 +142,7 @@ class KubeletSockets:
         self.registrations = 0
         self.serves = 0  # times a socket was (re)created, start included
         self.dead_removed = 0  # sockets of gone instances removed
+        self.watches = 0  # watches of the two directories (re)started
         self.gave_way: str | None = None  # why this instance stopped serving
         self._dra: UnixServer | None = None
         self._reg: UnixServer | None = None
@@ -161,6 +162,11 @@ class KubeletSockets:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         return list(self._tasks)
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Our registration socket while another live instance holds its path."""
+        return self._waiting.reason
 
     async def start(self) -> None:
         """Serve both sockets; :class:`SocketInUse` when a live process serves either."""
@@ -242,6 +248,9 @@ class KubeletSockets:
     async def _watch(self, path: str) -> None:
         directory, name = os.path.split(path)
         async for event in watch_dir(directory):
+            if event.watching:
+                self.watches += 1
+                self.remove_dead()  # anything may have appeared while not watching
             if event.watching or event.gone or event.name == name:
                 self._wake.set()
             elif event.created and event.name is not None and self._ours(directory,
