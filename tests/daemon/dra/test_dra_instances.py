@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,11 @@ from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraConfigError, DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
 from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse, SocketTaken
+from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.settings.config import DraConfig
 from rdma_hca.settings.model import Settings
@@ -312,3 +315,87 @@ async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
             assert old.bandwidth_held["mlx5_0"] == 0
         finally:
             await new.stop()
+
+
+# --- as processes ----------------------------------------------------------------------------
+
+
+async def _serve(dra_node: sim.SimNode, root: str, env: dict[str, str]
+                 ) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
+        "--sysfs-root", str(dra_node.sysfs_root), "--dev-root", str(dra_node.dev_root),
+        "--kubelet-root", root, "--metrics-address", "", "--dra-start-jitter-seconds", "0",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+
+
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
+def _slice_writes(api: FakeApiServer) -> list[str]:
+    return [f"{r.method} {r.path}" for r in api.requests
+            if r.method != "GET" and "/resourceslices" in r.path]
+
+
+async def test_two_serve_processes_without_pod_uid_the_second_exits_2_naming_the_first(
+        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+    kubelet = DraKubelet(root, NODE)
+    await kubelet.start()
+    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    env.pop("POD_UID", None)
+    first = await _serve(dra_node, root, env)
+    try:
+        assert await kubelet.wait_registered(DRIVER, timeout=30.0)
+        assert await wait_until(lambda: len(api.slices(NODE)) == 1, 30.0)
+        written = _slice_writes(api)
+        second = await _serve(dra_node, root, env)
+        try:
+            out, _ = await asyncio.wait_for(second.communicate(), 60.0)
+        finally:
+            await _end(second)
+        text = out.decode()
+        assert second.returncode == 2, text
+        assert "Traceback" not in text
+        (error,) = [line for line in text.splitlines() if " ERROR " in line]
+        assert f"pid {first.pid}" in error and os.path.join(root, "plugins") in error
+        assert "POD_UID" in error
+        # The first kept serving, registered once, its slice not written again.
+        assert first.returncode is None
+        assert kubelet.events.registered.count(DRIVER) == 1
+        assert _slice_writes(api) == written
+        assert os.path.exists(os.path.join(root, "plugins", DRIVER, "dra.sock"))
+    finally:
+        await _end(first)
+        await kubelet.stop()
+
+
+async def test_an_instance_killed_with_9_leaves_no_socket_once_the_next_one_starts(
+        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+    kubelet = DraKubelet(root, NODE)
+    await kubelet.start()
+    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    registry, plugin = os.path.join(root, "plugins_registry"), os.path.join(root, "plugins",
+                                                                            DRIVER)
+    killed = await _serve(dra_node, root, {**env, "POD_UID": UID_A})
+    try:
+        assert await kubelet.wait_registered(DRIVER, timeout=30.0)
+        killed.kill()  # OOM, or a force-deleted pod
+        await killed.wait()
+        left = sorted(os.listdir(registry)), sorted(os.listdir(plugin))
+        assert left[0] == [f"{DRIVER}-{UID_A}-reg.sock"] and f"dra-{UID_A}.sock" in left[1]
+        nxt = await _serve(dra_node, root, {**env, "POD_UID": UID_B})
+        try:
+            assert await kubelet.wait_registered(DRIVER, count=2, timeout=30.0)
+            assert sorted(os.listdir(registry)) == [f"{DRIVER}-{UID_B}-reg.sock"]
+            assert [n for n in os.listdir(plugin) if n.endswith(".sock")] == \
+                [f"dra-{UID_B}.sock"]
+        finally:
+            await _end(nxt)
+    finally:
+        await _end(killed)
+        await kubelet.stop()
