@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.daemon.dra import sockets as sockets_module
 from rdma_hca.daemon.dra.checkpoint import Checkpoint, Claims, PreparedClaim, PreparedDevice, Share
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraConfigError, DraDriver
@@ -167,6 +168,35 @@ async def test_a_registration_socket_held_by_a_live_instance_is_not_fought_over(
         assert all(not t.done() for t in sockets.tasks)
     finally:
         await sockets.stop()
+
+
+async def test_two_instances_started_at_one_moment_end_with_one_serving(
+        root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _config(root)
+    first = KubeletSockets(config, lambda server: None)
+    second = KubeletSockets(config, lambda server: None)
+    # Both look before either serves, and so neither sees the other at first.
+    monkeypatch.setattr(sockets_module, "peer_at", lambda path: None)
+    await first.start()
+    await second.start()
+    monkeypatch.undo()
+    try:
+        keepers = {next(t for t in k.tasks if t.get_name() == "dra-sockets"): k
+                   for k in (first, second)}
+        done, _ = await asyncio.wait(keepers, timeout=30,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        (ended,) = done
+        assert isinstance(ended.exception(), SocketTaken)
+        loser = keepers[ended]
+        winner = second if loser is first else first
+        assert loser.gave_way is not None and not loser.registered
+        # The other serves both paths, and keeps serving.
+        assert winner._dra is not None and winner._dra.on_disk()
+        assert winner._reg is not None and winner._reg.on_disk()
+        assert all(not t.done() for t in winner.tasks) and winner.gave_way is None
+    finally:
+        await first.stop()
+        await second.stop()
 
 
 # --- dead instances leave nothing behind -------------------------------------------------

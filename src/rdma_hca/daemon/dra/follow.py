@@ -29,9 +29,9 @@ from rdma_hca.kit.sayonce import Latch
 
 log = logging.getLogger(__name__)
 
-Run = Callable[[str, Callable[[], "Look"]], Awaitable["Look"]]
 # (the version read, its claims, whether another instance wrote), or None: nothing new
 Look = tuple[FileId, Claims, bool] | None
+Run = Callable[[str, Callable[[], Look]], Awaitable[Look]]  # off the loop, with a deadline
 # Claims of a version (None: the file cannot be read, trust nothing remembered), and
 # whether another instance wrote it (or a version carried into it).
 OnClaims = Callable[[Claims | None, bool], None]
@@ -77,7 +77,7 @@ class CheckpointFollower:
         for _ in range(TRIES):
             writes = self.checkpoint.writes
             try:
-                seen = await self._run(f"reading the checkpoint {path}", self._read)
+                seen = await self._run(f"following the checkpoint {path}", self._read)
             except Exception as exc:  # a stuck disk: trust nothing from memory
                 if self._failing.set(str(exc)):
                     log.warning("cannot follow the checkpoint %s: %s", path, exc)

@@ -16,11 +16,15 @@ the other is a fight without end: both re-registering, the kubelet re-dialling. 
 path that a live process serves (a connection to it succeeds) is never taken: at
 start that refuses the start (:class:`SocketInUse`, exit status 2, naming the other
 process), and while running, a DRA socket replaced by one that answers makes this
-instance give way (:class:`SocketTaken`): it stops serving and its task ends, which
-stops the daemon, since an instance serving neither socket has nothing to do (a
-restart then meets the refusal, with its one line). A registration socket replaced
-by a live one while our DRA socket is ours is left alone: the other instance gives
-way on its side, removing it, and ours is served again at once.
+instance give way (:class:`SocketTaken`): it stops serving, removes its registration
+socket, and its task ends, which stops the daemon as any root task ending does (exit
+status 1; a restart then meets the refusal, exit status 2 with its one line). Not
+kept running idle: it would go on publishing the node's slice beside the instance
+that serves (a contest over the slice when their settings differ) and look alive
+while serving nothing. Two instances that started at the same moment end with one
+serving: whichever DRA socket is on the path is the one that stays. A registration
+socket replaced by a live one while our DRA socket is ours is left alone: the other
+instance gives way on its side, removing it, and ours is served again at once.
 
 Dead instances leave nothing behind. A process killed with -9 leaves its sockets, and
 the kubelet keeps dialling a dead registration every few seconds. At start, and
@@ -88,7 +92,7 @@ class Peer:
     pid: int = 0  # of the listening process; 0 when unknown (another PID namespace)
 
     def who(self) -> str:
-        return f"pid {self.pid}" if self.pid else "a process this one cannot see"
+        return f"pid {self.pid}" if self.pid else "pid not known here"
 
 
 def peer_at(path: str) -> Peer | None:
