@@ -20,14 +20,8 @@ from pathlib import Path
 import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import (
-    Checkpoint,
-    CheckpointBusy,
-    Claims,
-    PreparedClaim,
-    PreparedDevice,
-    write_file,
-)
+from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.checkpoint import Checkpoint, CheckpointBusy, write_file
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.groupcommit import GroupCommit

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
 from rdma_hca.daemon.dra import sockets as sockets_module
-from rdma_hca.daemon.dra.checkpoint import Checkpoint, Claims, PreparedClaim, PreparedDevice, Share
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraConfigError, DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
