@@ -430,3 +430,33 @@ async def test_an_instance_killed_with_9_leaves_no_socket_once_the_next_one_star
     finally:
         await _end(killed)
         await kubelet.stop()
+
+
+async def test_a_serve_process_whose_socket_another_took_stops_and_leaves_it_alone(
+        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+    kubelet = DraKubelet(root, NODE)
+    await kubelet.start()
+    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    env.pop("POD_UID", None)
+    endpoint = os.path.join(root, "plugins", DRIVER, "dra.sock")
+    proc = await _serve(dra_node, root, env)
+    other: socket.socket | None = None
+    try:
+        assert await kubelet.wait_registered(DRIVER, timeout=30.0)
+        other = _listening(endpoint)  # an instance that did not look first
+        ident = _inode(endpoint)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60.0)
+        text = out.decode()
+        assert proc.returncode == 1, text  # a root task ended: the daemon stopped
+        (line,) = [x for x in text.splitlines() if " ERROR " in x and "replaced" in x]
+        assert endpoint in line and f"pid {os.getpid()}" in line and "POD_UID" in line
+        # Stopping, and exiting, left the other's socket where it was.
+        assert _inode(endpoint) == ident
+        assert not os.path.exists(os.path.join(root, "plugins_registry",
+                                               f"{DRIVER}-reg.sock"))
+    finally:
+        await _end(proc)
+        if other is not None:
+            other.close()
+        await kubelet.stop()
