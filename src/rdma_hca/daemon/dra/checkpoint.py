@@ -114,7 +114,7 @@ class Checkpoint:
         self.lock_path = lock_path
         self.write = write  # (path, text): one durable write of the whole file
         self.deadline = deadline
-        self.writes = 0  # whole-file writes made (each one fsync)
+        self.writes = 0  # whole-file writes made (each one fsync), counted once done
         self.lock_waits = 0  # times the file lock was held elsewhere when tried
         # A version written by another instance was read under the lock and carried into
         # a write of ours: what the follower must hand on although the file is ours now.
@@ -203,8 +203,11 @@ class Checkpoint:
                     if time.monotonic() > end:
                         raise CheckpointBusy(f"gave up writing {self.path}: its caller's "
                                              f"deadline of {end - start:.3g} s passed")
-                    self.writes += 1
                     self.write(self.path, encode(claims))
+                    # Counted once in place: the follower reads again when this moved
+                    # during its read, so a version older than ours is never handed on
+                    # after a Prepare has gone on with its entry.
+                    self.writes += 1
                     if found is not None and found != self.written:
                         with self._merged_lock:
                             self._merged_foreign = True
