@@ -9,9 +9,9 @@ instance wrote before it, read under the lock); the callback is told whether ano
 instance wrote since the last look, so that it stops trusting what it remembers.
 
 The file's directory is watched through inotify, with a slow backstop look in case an
-event was lost. Reads run off the loop. A version read while a write of this instance
-was in flight is read again: a Prepare that has just written its entry must not see
-its claim taken away by the older version it raced with.
+event was lost. Reads run off the loop. A read during which a write of this instance
+landed is done again: a Prepare that has just written its entry must not see its
+claim taken away by the older version the read found.
 """
 
 from __future__ import annotations
