@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
@@ -110,6 +111,13 @@ def socket_path_problem(path: str) -> str | None:
     return None
 
 
+def _hidden_beside(path: str) -> str:
+    """A random hidden name in ``path``'s directory, no longer than ``path`` when it can be
+    (watchers such as the kubelet's skip names that start with a dot)."""
+    directory, base = os.path.split(path)
+    return os.path.join(directory, "." + secrets.token_hex(8)[:max(6, len(base) - 1)])
+
+
 class UnixServer:
     """``add(server)`` puts the services on; ``start()``, ``on_disk()``, ``stop()``."""
 
@@ -128,10 +136,12 @@ class UnixServer:
         if problem is not None:
             raise OSError(f"{problem}; {self._hint}")
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        # A socket left by a process killed with -9 (or anything else on our name)
-        # would make bind fail.
+        # Bound under a hidden name, then renamed over our path (and over a socket left by
+        # a process killed with -9): gRPC removes the path it bound when it stops, which
+        # must never be a socket another process has put on our name since.
+        bound = _hidden_beside(self.path)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+            os.unlink(bound)
         server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", self._max_receive)])
         self._add(server)
@@ -140,11 +150,12 @@ class UnixServer:
         # creates files meanwhile: this runs on the loop's thread, between awaits.
         old = os.umask(0o177)
         try:
-            server.add_insecure_port("unix://" + self.path)
+            server.add_insecure_port("unix://" + bound)
         finally:
             os.umask(old)
         try:
-            os.chmod(self.path, SOCKET_MODE)
+            os.chmod(bound, SOCKET_MODE)
+            os.rename(bound, self.path)
             st = os.stat(self.path)
             self._inode = (st.st_dev, st.st_ino)
             await server.start()

@@ -5,23 +5,30 @@ claim it carried with nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import json
 import os
+import stat
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from dra_support import DRIVER, NODE
 
-from rdma_hca.daemon.dra.checkpoint import Checkpoint
+from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice
+from rdma_hca.daemon.dra.checkpoint import Checkpoint, CheckpointBusy, write_file
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.kit.offloop import OffLoop
 
 CLAIMS = 12
 
@@ -169,3 +176,113 @@ async def test_two_instances_committing_at_once_keep_each_others_entries(
         finally:
             gate.release.set()
             await b.stop()
+
+
+# --- written only for a live caller ------------------------------------------------------
+
+
+def _hold_file_lock(lock_path: str) -> int:
+    """Another instance holding the checkpoint's lock (byte 0 of the lock file)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET,
+                                                    0, 1, 0))
+    return fd
+
+
+def _entry(uid: str) -> Callable[[Claims], None]:
+    claim = PreparedClaim("ns", uid, (PreparedDevice(("hca",), NODE, "mlx5-0", "mlx5_0",
+                                                     (f"{DRIVER}/claim-{uid}=mlx5-0",)),))
+    return lambda claims: claims.__setitem__(uid, claim)
+
+
+async def test_a_change_whose_caller_gave_up_before_its_batch_is_not_written(
+        tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+    gate = Gate(checkpoint)
+    try:
+        first = asyncio.create_task(commits.apply(_entry("first")))
+        await _until(gate.held.is_set)
+        late = asyncio.create_task(commits.apply(_entry("late")))
+        await _until(lambda: commits.waiting == 1)
+        late.cancel()  # the kubelet cancelled that Prepare
+        with contextlib.suppress(asyncio.CancelledError):
+            await late
+        gate.release.set()
+        await first
+        await _until(lambda: commits.skipped == 1)
+        assert _on_disk(checkpoint.path) == {"first"}
+        assert checkpoint.writes == commits.batches == 1
+    finally:
+        gate.release.set()
+        checkpoint.close()
+
+
+async def test_a_batch_waiting_for_the_lock_is_not_written_once_its_caller_gave_up(
+        tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+    other = _hold_file_lock(checkpoint.lock_path)
+    try:
+        call = asyncio.create_task(commits.apply(_entry("gone")))
+        await _until(lambda: checkpoint.lock_waits > 0)  # in flight, waiting for the lock
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        os.close(other)  # the other instance lets go: the batch takes the lock
+        other = -1
+        await _until(lambda: commits.in_flight == 0)
+        assert checkpoint.writes == 0 and not os.path.exists(checkpoint.path)
+    finally:
+        if other >= 0:
+            os.close(other)
+        checkpoint.close()
+
+
+async def test_a_lock_held_elsewhere_fails_the_update_within_its_deadline(
+        tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"),
+                            deadline=0.2)
+    other = _hold_file_lock(checkpoint.lock_path)
+    try:
+        # On a thread as the driver calls it: the thread itself returns, with the error.
+        outcome: list[BaseException] = []
+
+        def update() -> None:
+            try:
+                checkpoint.update(_entry("x"), {})
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=update, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive()
+        (error,) = outcome
+        assert isinstance(error, CheckpointBusy) and "held the lock" in str(error)
+        # Through the group commit: its caller hears the same, and no thread is left
+        # stuck behind it (the deadline of the calls off the loop is longer).
+        io = OffLoop(30.0)
+        commits = GroupCommit(checkpoint, io.run, dict)
+        with pytest.raises(CheckpointBusy):
+            await commits.apply(_entry("y"))
+        assert io.stuck == frozenset() and io.stalls_total == 0
+        assert checkpoint.writes == 0 and not os.path.exists(checkpoint.path)
+    finally:
+        os.close(other)
+        checkpoint.close()
+
+
+def test_the_directory_is_fsynced_after_the_rename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[tuple[bool, bool]] = []  # (a directory, the new file in place then)
+    real = os.fsync
+    path = tmp_path / "checkpoint.json"
+
+    def fsync(fd: int) -> None:
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), path.exists()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_file(str(path), "{}")
+    assert synced[0] == (False, False) and synced[-1] == (True, True)

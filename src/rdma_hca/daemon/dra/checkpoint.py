@@ -10,7 +10,11 @@ unprepared by one instance at a time. Open-file-description locks (not the class
 per-process ``lockf``) belong to the descriptor: they exclude two instances even
 within one process, and closing some other descriptor of the file drops none of them.
 Everything here blocks: the driver calls it off the loop, and commits the changes of
-claims that are ready at the same moment in one write (``groupcommit.py``).
+claims that are ready at the same moment in one write (``groupcommit.py``). A caller off
+the loop gives up at its deadline, but its thread cannot be stopped: so the file lock is
+tried again and again rather than waited for (a thread blocked in the kernel would take
+it, and write, long after its caller had gone), and an update whose deadline passed
+before its write gives up instead of writing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 from rdma_hca.contract.checkpoint import (
@@ -37,22 +42,40 @@ from rdma_hca.kit.files import write_atomic
 log = logging.getLogger(__name__)
 
 _FILE_LOCK = 0  # byte 0 of the lock file: the checkpoint itself; claims lock bytes 1..2^48
+DEADLINE = 5.0  # seconds an update may take, unless the caller says otherwise
+# Of an update's deadline, the part it may wait for the file lock: the rest is left for the
+# read and the write, so that the write begins before the caller stops waiting.
+LOCK_SHARE = 0.8
+LOCK_RETRY_FIRST = 0.002
+LOCK_RETRY_MAX = 0.05
+
+
+class CheckpointBusy(OSError):
+    """An update gave up before writing: the lock was held elsewhere past its deadline."""
 
 
 def write_file(path: str, text: str) -> None:
-    """Replace the file in one rename, after an fsync."""
+    """Replace the file in one rename, after an fsync; then fsync the directory, so that
+    the rename itself survives a power loss (else the old file may come back)."""
     write_atomic(path, text, mode=0o600)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock), padding.
 _FLOCK = "hhqqi4x"
 
 
-def _ofd_lock(fd: int, kind: int, offset: int, wait: bool) -> bool:
-    """Lock (or, with F_UNLCK, unlock) one byte; False when it is held elsewhere."""
-    op = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+def _ofd_lock(fd: int, kind: int, offset: int) -> bool:
+    """Lock (or, with F_UNLCK, unlock) one byte; False when it is held elsewhere.
+
+    Never waits (F_OFD_SETLK, not F_OFD_SETLKW): callers retry within their deadline.
+    """
     try:
-        fcntl.fcntl(fd, op, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0))
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0))
     except (BlockingIOError, PermissionError):
         return False
     return True
@@ -80,15 +103,23 @@ class Checkpoint:
 
     Threads of one instance share its descriptor, so its locks do not exclude them from
     each other: updates also take a lock of this instance, and the driver never works
-    on one claim twice at a time.
+    on one claim twice at a time. ``deadline``: seconds an update may take (the caller's
+    own deadline for it).
     """
 
     def __init__(self, path: str, lock_path: str, *,
-                 write: Callable[[str, str], None] = write_file) -> None:
+                 write: Callable[[str, str], None] = write_file,
+                 deadline: float = DEADLINE) -> None:
         self.path = path
         self.lock_path = lock_path
         self.write = write  # (path, text): one durable write of the whole file
-        self.writes = 0  # whole-file writes made (each one fsync)
+        self.deadline = deadline
+        self.writes = 0  # whole-file writes made (each one fsync), counted once done
+        self.lock_waits = 0  # times the file lock was held elsewhere when tried
+        # A version written by another instance was read under the lock and carried into
+        # a write of ours: what the follower must hand on although the file is ours now.
+        self._merged_foreign = False
+        self._merged_lock = threading.Lock()
         self._fd: int | None = None
         self._local = threading.Lock()
         self.written: FileId | None = None  # the version this instance wrote last
@@ -114,11 +145,11 @@ class Checkpoint:
 
     def try_lock_claim(self, uid: str) -> bool:
         """Take the claim's lock unless another instance holds it; True when taken."""
-        return _ofd_lock(self._lock_fd(), fcntl.F_WRLCK, claim_offset(uid), wait=False)
+        return _ofd_lock(self._lock_fd(), fcntl.F_WRLCK, claim_offset(uid))
 
     def unlock_claim(self, uid: str) -> None:
         if self._fd is not None:
-            _ofd_lock(self._fd, fcntl.F_UNLCK, claim_offset(uid), wait=False)
+            _ofd_lock(self._fd, fcntl.F_UNLCK, claim_offset(uid))
 
     def read(self) -> tuple[Claims, int]:
         ident = _file_id(self.path)
@@ -129,23 +160,39 @@ class Checkpoint:
             self._cache = (ident, dict(claims))
         return claims, version
 
-    def written_by_another(self) -> bool:
-        """The file is not the version this instance wrote last."""
-        return _file_id(self.path) != self.written
+    def version(self) -> FileId | None:
+        """Which version of the file is there now (None: no file)."""
+        return _file_id(self.path)
+
+    def take_merged_foreign(self) -> bool:
+        """Whether a write of ours carried another instance's version since last asked."""
+        with self._merged_lock:
+            merged, self._merged_foreign = self._merged_foreign, False
+        return merged
 
     def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
-               *, force: bool = False) -> Claims:
+               *, force: bool = False, deadline: float | None = None) -> Claims:
         """Read the file under the lock, apply ``change``, write it back; the new claims.
 
         What another instance wrote since we last looked is kept. A file that cannot be
         read is replaced by ``fallback`` (what this instance knows) with the change. The
         file is written only when the claims changed, unless ``force`` (a migration).
+        ``deadline`` (``time.monotonic()``; by default ``self.deadline`` from now): the
+        lock not taken in time, or the time up before the write, raises
+        :class:`CheckpointBusy` and nothing is written.
         """
-        with self._local:
+        start = time.monotonic()
+        end = start + self.deadline if deadline is None else deadline
+        lock_by = start + max(0.0, end - start) * LOCK_SHARE
+        if not self._local.acquire(timeout=max(0.0, lock_by - time.monotonic())):
+            raise CheckpointBusy(f"another update of {self.path} in this instance took over "
+                                 f"{end - start:.3g} s")
+        try:
             fd = self._lock_fd()
-            _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK, wait=True)
+            self._lock_file(fd, lock_by, end - start)
             try:
                 try:
+                    found = _file_id(self.path)
                     claims, _ = self.read()
                 except CheckpointError as exc:
                     log.warning("%s; writing it anew from the claims this instance knows", exc)
@@ -153,11 +200,34 @@ class Checkpoint:
                 before = dict(claims)
                 change(claims)
                 if force or claims != before:
-                    self.writes += 1
+                    if time.monotonic() > end:
+                        raise CheckpointBusy(f"gave up writing {self.path}: its caller's "
+                                             f"deadline of {end - start:.3g} s passed")
                     self.write(self.path, encode(claims))
+                    # Counted once in place: the follower reads again when this moved
+                    # during its read, so a version older than ours is never handed on
+                    # after a Prepare has gone on with its entry.
+                    self.writes += 1
+                    if found is not None and found != self.written:
+                        with self._merged_lock:
+                            self._merged_foreign = True
                     self.written = _file_id(self.path)
                     if self.written is not None:
                         self._cache = (self.written, dict(claims))
                 return claims
             finally:
-                _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK, wait=False)
+                _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK)
+        finally:
+            self._local.release()
+
+    def _lock_file(self, fd: int, by: float, budget: float) -> None:
+        """The checkpoint's lock, tried until ``by``: never a thread blocked in the kernel."""
+        delay = LOCK_RETRY_FIRST
+        while not _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK):
+            self.lock_waits += 1
+            left = by - time.monotonic()
+            if left <= 0:
+                raise CheckpointBusy(f"another instance of the driver held the lock of "
+                                     f"{self.path} (in {self.lock_path}) for {budget:.3g} s")
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, LOCK_RETRY_MAX)

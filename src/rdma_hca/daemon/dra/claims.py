@@ -36,10 +36,10 @@ from rdma_hca.contract.dra import BANDWIDTH
 from rdma_hca.daemon.dra import files, metadata
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.follow import CheckpointFollower
 from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.aio import cancel_all
-from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.quantity import QuantityError, parse_quantity
@@ -194,8 +194,11 @@ class ClaimKeeper:
         self.on_prepare_failed: Callable[[ClaimRef, str, Mapping[str, Any] | None], None] \
             | None = None
         self._read: dict[str, Mapping[str, Any]] = {}  # UID -> the object, while preparing
-        self.checkpoint = Checkpoint(config.checkpoint, config.lock_path)
+        self.checkpoint = Checkpoint(config.checkpoint, config.lock_path,
+                                     deadline=config.read_deadline)
         self.commits = GroupCommit(self.checkpoint, self._run, lambda: self.prepared)
+        self.follower = CheckpointFollower(self.checkpoint, self._run, self._followed,
+                                           backstop=config.socket_check_seconds)
         self.hook_failures = 0
         self.lock_waits = 0  # times a claim's lock was held by another instance
         self.device_waits = 0  # times an exclusive device was busy with another claim
@@ -276,24 +279,17 @@ class ClaimKeeper:
     def start(self) -> None:
         """With another instance possible, follow its writes of the checkpoint."""
         if self._rolling:
-            self._tasks = [asyncio.create_task(self._follow_checkpoint(),
+            self._tasks = [asyncio.create_task(self.follower.run(),
                                                name="dra-checkpoint-watch")]
 
-    async def _follow_checkpoint(self) -> None:
-        path = self.config.checkpoint
-        name = os.path.basename(path)
-        async for event in watch_dir(os.path.dirname(path)):
-            if not (event.watching or event.gone or event.name == name):
-                continue
-            try:
-                foreign = await self._run(f"looking at {path}",
-                                          self.checkpoint.written_by_another)
-            except Exception:  # a stuck disk: trust nothing from memory
-                foreign = True
-            if foreign:
-                # What this instance prepared may have been unprepared by the other one.
-                self.foreign_writes += 1
-                self._verified.clear()
+    def _followed(self, claims: Claims | None, foreign: bool) -> None:
+        """A version of the checkpoint (None: unreadable), written by another instance?"""
+        if foreign:
+            # What this instance prepared may have been unprepared by the other one.
+            self.foreign_writes += 1
+            self._verified.clear()
+        if claims is not None:
+            self.prepared = claims
 
     async def close(self) -> None:
         await cancel_all(self._tasks)

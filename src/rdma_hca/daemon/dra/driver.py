@@ -35,7 +35,7 @@ from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
 from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher, Stats
-from rdma_hca.daemon.dra.sockets import KubeletSockets
+from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.unixserver import socket_path_problem
@@ -238,7 +238,10 @@ class DraDriver:
                                         start_jitter=self.config.start_jitter_seconds)
         if inventory is not None:
             await self.update(inventory)
-        await self.sockets.start()
+        try:
+            await self.sockets.start()
+        except SocketInUse as exc:  # another instance serves our sockets: exit status 2
+            raise DraConfigError(str(exc)) from None
         self._tasks = [asyncio.create_task(self._publish_loop(), name="dra-publish")]
 
     async def stop(self) -> None:

@@ -6,12 +6,16 @@ entries. Here a change waits for the write in flight (if any) to end, and all th
 changes that came meanwhile go out together: one read under the lock, one write, one
 fsync for the lot. The file is still read again under the lock before each write, so
 what another instance wrote since is kept. A change's caller hears back only once its
-entry is on disk, and a write that fails fails every change it carried.
+entry is on disk, and a write that fails fails every change it carried. A change whose
+caller gave up (cancelled, or failed at its deadline) before the write is left out of it,
+and a batch left with no change is not written: nothing lands on disk for a caller that
+has already undone its side (a Prepare that removed its CDI spec).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -40,6 +44,7 @@ class GroupCommit:
         self.batches = 0  # read-modify-writes run (each writes at most once)
         self.largest = 0  # most changes one of them carried
         self.in_flight = 0  # changes in the batch being written now
+        self.skipped = 0  # batches not written: every caller in them had given up
 
     @property
     def waiting(self) -> int:
@@ -52,8 +57,13 @@ class GroupCommit:
         self._pending.append((change, future))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_all(), name="dra-checkpoint-write")
-        # Shielded: a caller that stops waiting leaves the batch (and the others) alone.
-        return await asyncio.shield(future)
+        # Shielded: a caller that stops waiting leaves the batch (and the others) alone;
+        # its change is dropped unless the write has already taken it.
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
 
     async def _write_all(self) -> None:
         try:
@@ -70,18 +80,27 @@ class GroupCommit:
             self._pending = []
 
     async def _write(self, batch: list[tuple[Change, asyncio.Future[Any]]]) -> None:
+        batch = [(change, future) for change, future in batch if not future.done()]
+        if not batch:
+            self.skipped += 1
+            return
         results: list[Any] = []
 
         def change_all(claims: Claims) -> None:
-            results[:] = [change(claims) for change, _ in batch]
+            # On the writing thread, under the file lock, just before the write: a caller
+            # that gave up meanwhile (its future is done) has its change left out.
+            results[:] = [None if future.done() else change(claims)
+                          for change, future in batch]
 
         fallback = dict(self._known())
+        deadline = time.monotonic() + self.checkpoint.deadline
         self.batches += 1
         self.largest = max(self.largest, len(batch))
         self.in_flight = len(batch)
         try:
             await self._run(f"writing the checkpoint {self.checkpoint.path}",
-                            lambda: self.checkpoint.update(change_all, fallback))
+                            lambda: self.checkpoint.update(change_all, fallback,
+                                                           deadline=deadline))
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()

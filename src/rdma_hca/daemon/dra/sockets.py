@@ -5,10 +5,32 @@ served first, since the kubelet dials it as soon as it has read GetInfo; then th
 registration socket in ``plugins_registry``, which the kubelet's plugin watcher finds.
 Both are the one hardened unix-socket server of the kit (0600, path checked, requests
 size-limited). Their directories are watched through inotify: a socket removed (a
-kubelet wiping its directories) or replaced is served again at once, with backoff while
-that fails, and a slow backstop check covers a lost event. With a pod UID both names
-carry it (the helper's rolling-update mode), so a second instance serves beside this
-one, and each instance only ever removes its own sockets.
+kubelet wiping its directories) is served again at once, with backoff while that
+fails, and a slow backstop check covers a lost event. With a pod UID both names carry
+it (the helper's rolling-update mode), so a second instance serves beside this one,
+and each instance only ever removes its own sockets.
+
+One writer per socket path. Without a pod UID two instances would share both names
+(a host run beside a leftover one, two units), and each taking its socket back from
+the other is a fight without end: both re-registering, the kubelet re-dialling. So a
+path that a live process serves (a connection to it succeeds) is never taken: at
+start that refuses the start (:class:`SocketInUse`, exit status 2, naming the other
+process), and while running, a DRA socket replaced by one that answers makes this
+instance give way (:class:`SocketTaken`): it stops serving, removes its registration
+socket, and its task ends, which stops the daemon as any root task ending does (exit
+status 1; a restart then meets the refusal, exit status 2 with its one line). Not
+kept running idle: it would go on publishing the node's slice beside the instance
+that serves (a contest over the slice when their settings differ) and look alive
+while serving nothing. Two instances that started at the same moment end with one
+serving: whichever DRA socket is on the path is the one that stays. A registration
+socket replaced by a live one while our DRA socket is ours is left alone: the other
+instance gives way on its side, removing it, and ours is served again at once.
+
+Dead instances leave nothing behind. A process killed with -9 leaves its sockets, and
+the kubelet keeps dialling a dead registration every few seconds. At start, and
+whenever a new socket of this driver appears, sockets of this driver that refuse a
+connection (nothing listens on them) are removed: only this driver's names, never one
+that answers, never another driver's.
 """
 
 from __future__ import annotations
@@ -17,13 +39,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import socket
+import stat
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
-from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.config import DRA_SOCKET, DriverConfig
 from rdma_hca.daemon.dra.service import RegistrationService, add_registration_service
-from rdma_hca.kit.aio import cancel_all, wait_event
+from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.sayonce import Latch
 from rdma_hca.kit.unixserver import UnixServer
@@ -38,6 +66,72 @@ BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
 STOP_WAIT = 1.0
 HINT = "use a shorter kubelet root directory (--kubelet-root)"
+FIX = ("stop the other instance, or give each instance its own POD_UID (the pod's "
+       "metadata.uid, as the chart sets it for a rolling update)")
+# A pod UID as part of a socket name (as the driver's configuration checks it), and the
+# shape of a Kubernetes UID.
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_KUBE_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class SocketInUse(Exception):
+    """A live process serves one of our socket paths; the message names it and the fix."""
+
+
+class SocketTaken(SocketInUse):
+    """While running, our DRA socket was replaced by a live one: this instance gave way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A unix socket file and whether something listens on it."""
+
+    ident: tuple[int, int]  # (device, inode) of the file probed
+    alive: bool
+    pid: int = 0  # of the listening process; 0 when unknown (another PID namespace)
+
+    def who(self) -> str:
+        return f"pid {self.pid}" if self.pid else "pid not known here"
+
+
+def peer_at(path: str) -> Peer | None:
+    """Who listens on the unix socket at ``path``; None when it is no socket (or gone).
+
+    A non-blocking connect answers at once for a unix socket: accepted (alive: the pid
+    comes from SO_PEERCRED), EAGAIN (alive: its backlog is full), ECONNREFUSED (dead:
+    the file outlived its process). Any other error tells nothing: None.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    ident = (st.st_dev, st.st_ino)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK
+                         | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+        pid, _, _ = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        return Peer(ident, True, pid)
+    except BlockingIOError:
+        return Peer(ident, True)
+    except ConnectionRefusedError:
+        return Peer(ident, False)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def _same_file(path: str, ident: tuple[int, int]) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ident
 
 
 class KubeletSockets:
@@ -51,11 +145,15 @@ class KubeletSockets:
         self.registered = False
         self.registrations = 0
         self.serves = 0  # times a socket was (re)created, start included
+        self.dead_removed = 0  # sockets of gone instances removed
+        self.watches = 0  # watches of the two directories (re)started
+        self.gave_way: str | None = None  # why this instance stopped serving
         self._dra: UnixServer | None = None
         self._reg: UnixServer | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._failing = Latch()
+        self._waiting = Latch()  # our registration socket is another's, for now
 
     @property
     def endpoint(self) -> str:
@@ -69,7 +167,19 @@ class KubeletSockets:
     def tasks(self) -> list[asyncio.Task[None]]:
         return list(self._tasks)
 
+    @property
+    def waiting_for(self) -> str | None:
+        """Our registration socket while another live instance holds its path."""
+        return self._waiting.reason
+
     async def start(self) -> None:
+        """Serve both sockets; :class:`SocketInUse` when a live process serves either."""
+        for path in (self.endpoint, self.registration_socket):
+            peer = peer_at(path)
+            if peer is not None and peer.alive:
+                raise SocketInUse(f"{path} is served by another instance of the DRA driver "
+                                  f"{self.config.driver_name} ({peer.who()}): {FIX}")
+        self.remove_dead()
         await self._serve_dra()
         await self._serve_registration()
         log.info("DRA driver %s serving at %s, registration socket %s",
@@ -82,17 +192,25 @@ class KubeletSockets:
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel_all(tasks), STOP_WAIT)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            done, _ = await asyncio.wait(tasks, timeout=STOP_WAIT)
+            for t in done:  # the keeper may have ended by giving way: said already
+                if not t.cancelled():
+                    t.exception()
+        await self._close()
+        self.registered = False
+
+    async def _close(self) -> None:
         # The registration socket first, so the kubelet stops using the driver before the
-        # service goes away.
+        # service goes away. Each removes its socket only while it is still ours.
         for server in (self._reg, self._dra):
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.stop(0.2), STOP_WAIT)
                 server.remove_socket()  # even when the stop did not finish
         self._reg = self._dra = None
-        self.registered = False
 
     # --- serving ----------------------------------------------------------------------
 
@@ -132,10 +250,17 @@ class KubeletSockets:
     # --- keeping them there -----------------------------------------------------------
 
     async def _watch(self, path: str) -> None:
-        name = os.path.basename(path)
-        async for event in watch_dir(os.path.dirname(path)):
+        directory, name = os.path.split(path)
+        async for event in watch_dir(directory):
+            if event.watching:
+                self.watches += 1
+                self.remove_dead()  # anything may have appeared while not watching
             if event.watching or event.gone or event.name == name:
                 self._wake.set()
+            elif event.created and event.name is not None and self._ours(directory,
+                                                                         event.name):
+                # Another instance has started: any that are gone leave their sockets.
+                self.remove_dead(skip=os.path.join(directory, event.name))
 
     async def _keep(self) -> None:
         delay = 0.0
@@ -147,17 +272,35 @@ class KubeletSockets:
             if not (dra_gone or reg_gone):
                 delay = 0.0
                 continue
+            if dra_gone:
+                peer = peer_at(self.endpoint)
+                if peer is not None and peer.alive:
+                    await self._give_way(self.endpoint, peer)
+            reg_taken = False
+            if reg_gone:
+                peer = peer_at(self.registration_socket)
+                reg_taken = peer is not None and peer.alive
+                if reg_taken and self._waiting.set(self.registration_socket):
+                    log.warning("%s was replaced by a socket another instance serves (%s); "
+                                "not taking it back while that one answers",
+                                self.registration_socket, peer.who() if peer else "")
+            if reg_taken and not dra_gone:
+                delay = 0.0
+                continue
             if self._failing.reason is None:
                 gone = [p for p, g in ((self.endpoint, dra_gone),
                                        (self.registration_socket, reg_gone)) if g]
-                log.info("socket %s removed or replaced (kubelet restart?); serving and "
-                         "registering again", ", ".join(gone))
+                log.info("socket %s removed (kubelet restart?); serving and registering "
+                         "again", ", ".join(gone))
             try:
-                self.registered = False
                 if dra_gone:
-                    # The kubelet must dial the new service: registering again tells it.
                     await self._serve_dra()
-                await self._serve_registration()
+                # The kubelet must dial a new service: registering again tells it (through
+                # the other instance's registration, when it holds ours: same endpoint).
+                if not reg_taken:
+                    self.registered = False
+                    await self._serve_registration()
+                    self._waiting.clear()
             except (OSError, RuntimeError) as exc:
                 if self._failing.set(str(exc)):
                     log.error("cannot re-create the DRA sockets: %s; retrying", exc)
@@ -166,3 +309,73 @@ class KubeletSockets:
             if self._failing.clear():
                 log.info("the DRA sockets are served again")
             delay = 0.0
+
+    async def _give_way(self, path: str, peer: Peer) -> NoReturn:
+        """Another live instance serves our DRA socket's path: stop here, never fight."""
+        why = (f"{path} was replaced by a socket that another instance of the DRA driver "
+               f"{self.config.driver_name} serves ({peer.who()}); this instance stops "
+               f"serving the DRA driver rather than take it back: {FIX}")
+        log.error("%s", why)
+        self.gave_way = why
+        self.registered = False
+        await self._close()  # our registration socket goes; the other's stays
+        raise SocketTaken(why)
+
+    # --- sockets of instances that are gone -------------------------------------------
+
+    def _ours(self, directory: str, name: str) -> bool:
+        """A socket name this driver's instances use, in one of its two directories.
+
+        In the plugin directory (this driver's own) every ``dra[-<uid>].sock`` is ours.
+        In the shared registry, ``<driver>-<uid>-reg.sock`` could also be the socket of
+        a driver whose name extends ours with a dash: it is taken as ours only when its
+        UID has a Kubernetes UID's shape or its DRA socket is beside it in our directory.
+        """
+        if directory == os.path.dirname(self.endpoint):
+            if name == DRA_SOCKET:
+                return True
+            return name.startswith("dra-") and name.endswith(".sock") and bool(
+                _UID.match(name[len("dra-"):-len(".sock")]))
+        if directory != os.path.dirname(self.registration_socket):
+            return False
+        driver = self.config.driver_name
+        if name == f"{driver}-reg.sock":
+            return True
+        prefix, suffix = f"{driver}-", "-reg.sock"
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            return False
+        uid = name[len(prefix):-len(suffix)]
+        return bool(_UID.match(uid)) and (bool(_KUBE_UID.match(uid)) or os.path.lexists(
+            os.path.join(os.path.dirname(self.endpoint), f"dra-{uid}.sock")))
+
+    def remove_dead(self, skip: str | None = None) -> list[str]:
+        """Remove this driver's sockets that refuse connections; the paths removed.
+
+        The registry first: its names are recognised by their DRA socket beside them.
+        A socket put on such a name between the probe and the removal is one its owner
+        has just bound: its own watch serves it again at once.
+        """
+        removed = []
+        own = {self.endpoint, self.registration_socket, skip}
+        for directory in (os.path.dirname(self.registration_socket),
+                          os.path.dirname(self.endpoint)):
+            try:
+                names = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(directory, name)
+                if path in own or not self._ours(directory, name):
+                    continue
+                peer = peer_at(path)
+                if peer is None or peer.alive or not _same_file(path, peer.ident):
+                    continue
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+                log.info("removed %s: a socket of this driver that nothing listens on (its "
+                         "instance is gone)", path)
+                removed.append(path)
+        self.dead_removed += len(removed)
+        return removed
