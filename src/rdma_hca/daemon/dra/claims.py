@@ -50,6 +50,7 @@ class Claim:
     devices: tuple[AllocatedDevice, ...]  # every driver's
     # The name the pod gives a claim made from its template; None for a named claim.
     pod_claim: str | None = None
+    allocated: bool = True  # the scheduler wrote status.allocation
     # The object as read: what a status write starts from, saving a read of its own.
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -97,7 +98,8 @@ def parse_claim(obj: object) -> Claim:
             str(r.get("device", "")), str(share) if share else None,
             {str(k): str(v) for k, v in consumed.items()}
             if isinstance(consumed, Mapping) else {}))
-    return Claim(namespace, name, uid, tuple(devices), pod_claim_name(obj), obj)
+    return Claim(namespace, name, uid, tuple(devices), pod_claim_name(obj),
+                 isinstance(allocation, Mapping) and bool(allocation), obj)
 
 
 def claim_field(ref: ClaimRef) -> str:

@@ -30,6 +30,9 @@ def check_claim(claim: Claim, ref: ClaimRef, driver: str) -> None:
     if claim.uid != ref.uid:
         raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {claim.uid}, "
                          f"not {ref.uid}: it was deleted and created again")
+    if not claim.allocated:
+        raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} is not allocated yet, "
+                         f"so it has no device of driver {driver} allocated")
     if not claim.of(driver):
         raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
                          f"driver {driver} allocated")
