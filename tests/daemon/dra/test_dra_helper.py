@@ -59,7 +59,7 @@ def test_the_check_says_which_claim_is_not_preparable() -> None:
     check_claim(claim, ClaimRef("ns", "u1", "c"), DRIVER)
     with pytest.raises(ClaimError, match="has UID u1, not u2: it was deleted and created"):
         check_claim(claim, ClaimRef("ns", "u2", "c"), DRIVER)
-    with pytest.raises(ClaimError, match="has no device of driver other.example.com"):
+    with pytest.raises(ClaimError, match=r"has no device of driver other\.example\.com"):
         check_claim(claim, ClaimRef("ns", "u1", "c"), "other.example.com")
     pending = parse_claim({"metadata": body["metadata"], "status": {}})
     assert not pending.allocated and claim.allocated
@@ -89,7 +89,7 @@ def test_the_options_are_checked_once_with_a_fix_in_each_message(tmp_path: Path)
         _options(tmp_path, node_name="").check()
     with pytest.raises(DraConfigError, match="is not a lowercase DNS subdomain"):
         _options(tmp_path, driver_name="Not_A_Name").check()
-    with pytest.raises(DraConfigError, match="set POD_UID to the pod's metadata.uid"):
+    with pytest.raises(DraConfigError, match=r"set POD_UID to the pod's metadata\.uid"):
         _options(tmp_path, pod_uid="a/b").check()
     with pytest.raises(DraConfigError, match="use a shorter kubelet root directory"):
         _options(tmp_path, plugins_dir="/" + "d" * 120).check()
