@@ -147,8 +147,7 @@ class Helper:
         if answer is not None:
             return answer
         claim: Claim | None = None
-        read: asyncio.Future[Claim] | None = None
-        owner = False
+        owner = False  # this call reads the claim, for the calls that come meanwhile too
         try:
             if not self._plugin.recorded(ref.uid):
                 read = self._reads.get(ref)
@@ -161,15 +160,15 @@ class Helper:
             async with self.locks.held(ref.uid):
                 result = (await self._plugin.prepare([claim or ref])).get(ref.uid)
                 if result is None:
-                    # Its record went meanwhile (another instance unprepared it): the
-                    # claim is read now, under its lock, as it is new to this instance.
+                    # Not on the record after all (beside another instance every claim is
+                    # looked up there first): the claim is read now, under its lock.
                     claim = await fetch_claim(self._api, ref)
                     check_claim(claim, ref, self.options.driver_name)
                     result = (await self._plugin.prepare([claim]))[ref.uid]
         except Exception as exc:
             result = PrepareResult(error=str(exc) or type(exc).__name__)
         finally:
-            if read is not None and self._reads.get(ref) is read and owner:
+            if owner:
                 del self._reads[ref]
         if result.error:
             log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
