@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from dra_support import DRIVER, NODE
-from rdma_hca.daemon.dra.service import ClaimRef
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
+from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
