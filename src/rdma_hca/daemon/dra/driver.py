@@ -37,6 +37,8 @@ from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.events import EventRecorder, connect_events_client
 from rdma_hca.node.model import NodeInventory
 
+STOP_WAIT = 1.0
+
 
 class DriverApi(HelperApi, Protocol):
     """The driver's API client: the helper's reads and writes, and closing it."""
@@ -249,7 +251,7 @@ class DraDriver:
         if run is None:
             return
         await run.helper.stop()
-        await cancel_all(run.tasks)
+        await cancel_all(run.tasks, within=STOP_WAIT, what="the checkpoint's follower")
         await run.preparer.hooks.close()
         run.checkpoint.close()
         if run.status_writer is not None:

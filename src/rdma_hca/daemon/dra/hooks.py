@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.claims import Claim, ClaimRef
+from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.sayonce import Once
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,7 @@ class ClaimHooks:
             await asyncio.wait(list(self._hooks.values()))
 
     async def close(self) -> None:
-        hooks = list(self._hooks.values())
-        for t in hooks:
-            t.cancel()
-        if hooks:
-            await asyncio.wait(hooks, timeout=CLOSE_WAIT)
+        await cancel_all(list(self._hooks.values()), within=CLOSE_WAIT, what="the claims' hooks")
 
     def _run(self, uid: str, what: str, call: Callable[[], Awaitable[None]]) -> None:
         before = self._hooks.get(uid)

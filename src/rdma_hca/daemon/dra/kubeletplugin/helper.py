@@ -29,6 +29,7 @@ from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimLocks, RecordLocks
 from rdma_hca.daemon.dra.kubeletplugin.services import add_dra_services
 from rdma_hca.daemon.dra.slices import PublishHost, SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
+from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.text import short_repr
@@ -118,13 +119,7 @@ class Helper:
         """
         self._host.signals.stopping = True
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
-            if pending:
-                log.error("DRA driver tasks still running after %g s: %s", STOP_WAIT,
-                          ", ".join(t.get_name() for t in pending))
+        await cancel_all(tasks, within=STOP_WAIT, what="the DRA driver's tasks")
         await self.sockets.stop()
 
     # --- prepare ----------------------------------------------------------------------
