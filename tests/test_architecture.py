@@ -21,6 +21,10 @@ Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use eve
 the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
 import each other; ``watch``, ``offer`` and ``observe`` know no front end.
 
+Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``) and the driver
+proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports nothing
+else of the helper, and the helper imports nothing of the driver proper.
+
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
 import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
 which is what lets the node image ship without the devkit.
