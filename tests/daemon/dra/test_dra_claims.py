@@ -16,7 +16,7 @@ from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
@@ -167,7 +167,7 @@ async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mod
     settings = Settings(node_name=NODE, kubelet_root=str(tmp_path),
                         dra=DraConfig(enabled=True, mode=mode))
     config = DriverConfig.from_settings(settings)
-    offer = Offer.build((), config.driver_name, config.mode, False, None)
+    offer = DeviceOffer.build((), config.driver_name, config.mode, False, None)
     keeper = ClaimPreparer(config, OffLoop(5.0), Checkpoint(config.checkpoint, config.lock_path),
                            prepared={}, offer=lambda: offer, hooks=ClaimHooks())
     order: list[str] = []

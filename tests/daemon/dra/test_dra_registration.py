@@ -91,5 +91,5 @@ async def test_driver_restart_registers_again_with_the_same_slice(stage: DraStag
     await stage.restart_driver()
     assert await stage.registered(2)
     assert stage.driver is not None
-    assert await stage.until(stage.driver.offering.signals.published.is_set)
+    assert await stage.until(stage.driver.helper.publisher.published.is_set)
     assert stage.slices() == before  # same name, same generation, nothing rewritten

@@ -30,6 +30,7 @@ from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOpti
 from rdma_hca.daemon.dra.offering import NodeOffer
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
 from rdma_hca.daemon.dra.recovery import follow_checkpoint, recover
+from rdma_hca.daemon.dra.slices import Stats
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import HistogramCounts
@@ -130,16 +131,16 @@ class DraDriver:
 
     def stats(self) -> DraStats:
         run = self._running
-        signals = self.offering.signals
+        publish = run.helper.publisher.stats if run is not None else Stats()
         prepared: Mapping[str, PreparedClaim] = run.preparer.prepared if run else {}
         api = run.api if run is not None else None
         return DraStats(
             registered=run is not None and run.helper.sockets.registered,
             registrations=run.helper.sockets.registrations if run else 0,
             prepared_claims=len(prepared),
-            publish_error=signals.error,
-            published=signals.passes > 0,
-            idle=signals.idle,
+            publish_error=publish.error,
+            published=publish.passes > 0,
+            idle=run is None or run.helper.publisher.idle,
             prepares=dict(run.helper.prepare_results) if run else {"ok": 0, "error": 0},
             unprepares=dict(run.helper.unprepare_results) if run else {"ok": 0, "error": 0},
             prepare_seconds=(run.helper.prepare_seconds.counts() if run
@@ -202,7 +203,7 @@ class DraDriver:
                 name="dra-checkpoint-watch"))
         helper = Helper(options, HelperParts(
             plugin=preparer, api=api, records=checkpoint, io=self._files,
-            host=self.offering, board=self.board,
+            desired=self.offering.offer, board=self.board,
             on_prepare_failed=claim_events.prepare_failed if claim_events else None))
         self._running = _Running(api, checkpoint, preparer, helper, tasks, status_writer,
                                  own_events)
@@ -265,8 +266,10 @@ class DraDriver:
 
     async def update(self, inventory: NodeInventory) -> None:
         """Take a new inventory: the slice, the claims and the health streams follow it."""
-        self.offering.update(inventory)
-        await self.board.set(self.offering.offer.health())
+        offer = self.offering.update(inventory)
+        if self._running is not None:
+            self._running.helper.publish(offer)
+        await self.board.set(offer.health())
 
 
 async def _prepared_hook(writer: ClaimStatusWriter, claim: Claim,

@@ -1,66 +1,45 @@
 """The devices this node offers, following its inventory: what the slice publishes.
 
-The driver's side of publishing (``slices.PublishHost``): the helper's publisher reads
-the offer and is poked when it changes; the claims read the same offer for the HCAs a
-device gives.
+The claims read the same offer for the HCAs a device gives; the helper's slice publisher
+is handed each new one (the desired devices).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rdma_hca.contract.checkpoint import PreparedClaim
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
-from rdma_hca.daemon.dra.slices import PublishSignals
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
 
 
 class NodeOffer:
-    """``update(inventory)``; ``offer`` is the current one, ``signals`` wake the publisher."""
+    """``update(inventory)`` builds the new offer; ``offer`` is the current one."""
 
     def __init__(self, config: DriverConfig) -> None:
         self.config = config
-        self._taints = config.device_taints
-        self._offer = Offer.build((), config.driver_name, config.mode, self._taints, None)
-        self._signals = PublishSignals()
-        self._hcas: tuple[Hca, ...] = ()
-        self._held: frozenset[str] = frozenset()
-        self._rdma_cm: CharDevice | None = None
+        self._offer = self._build((), None, frozenset())
 
     @property
-    def signals(self) -> PublishSignals:
-        return self._signals
-
-    @property
-    def offer(self) -> Offer:
+    def offer(self) -> DeviceOffer:
         return self._offer
 
-    @property
-    def taints(self) -> bool:
-        """Devices carry taints (until the API server refuses them)."""
-        return self._taints
+    def update(self, inventory: NodeInventory) -> DeviceOffer:
+        """Take a new inventory: the HCAs the driver selects, and rdma_cm. Replaced even
+        when the slice stays as it is: the health verdict also follows rdma_cm, which the
+        slice does not show."""
+        hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
+        self._offer = self._build(hcas, inventory.rdma_cm, inventory.held)
+        return self._offer
 
-    def update(self, inventory: NodeInventory) -> None:
-        """Take a new inventory: the HCAs the driver selects, and rdma_cm."""
-        self._hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
-        self._held = inventory.held
-        self._rdma_cm = inventory.rdma_cm
-        self._rebuild()
-
-    def drop_taints(self) -> None:
-        self._taints = False
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        offer = Offer.build(self._hcas, self.config.driver_name, self.config.mode,
-                            self._taints, self._rdma_cm, self._held)
-        # Replaced even when the slice stays as it is: the health verdict also follows
-        # rdma_cm, which the slice does not show.
-        changed, self._offer = offer.digest != self._offer.digest, offer
-        if changed:
-            self._signals.poke()
+    def _build(self, hcas: Sequence[Hca], rdma_cm: CharDevice | None,
+               held: frozenset[str]) -> DeviceOffer:
+        return DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
+                                 self.config.device_taints, rdma_cm, held,
+                                 node_device_on=self.config.node_device,
+                                 default_bandwidth=self.config.default_bandwidth)
 
     def bandwidth_held(self, prepared: Mapping[str, PreparedClaim]) -> dict[str, int]:
         """Bits per second of each HCA the prepared claims hold: every offered HCA (at 0

@@ -25,7 +25,7 @@ from rdma_hca.daemon.dra import files, metadata
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, claim_field
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import Offer
+from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.kubeletplugin.plugin import PrepareResult
@@ -59,7 +59,7 @@ class ClaimPreparer:
     """The driver proper: what this instance prepared, and prepare/unprepare."""
 
     def __init__(self, config: DriverConfig, io: OffLoop, checkpoint: Checkpoint, *,
-                 prepared: Claims, offer: Callable[[], Offer], hooks: ClaimHooks) -> None:
+                 prepared: Claims, offer: Callable[[], DeviceOffer], hooks: ClaimHooks) -> None:
         """``prepared``: what recovery found at start; ``offer``: the devices offered now
         (their HCAs, the node-wide device's group, rdma_cm); ``hooks``: told of each claim
         prepared and unprepared, after the call answered."""

@@ -27,7 +27,7 @@ from rdma_hca.daemon.dra.kubeletplugin.options import HelperOptions
 from rdma_hca.daemon.dra.kubeletplugin.plugin import DriverPlugin, PrepareResult
 from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimLocks, RecordLocks
 from rdma_hca.daemon.dra.kubeletplugin.services import add_dra_services
-from rdma_hca.daemon.dra.slices import PublishHost, SliceClient, SlicePublisher
+from rdma_hca.daemon.dra.slices import DesiredDevices, SliceClient, SlicePublisher
 from rdma_hca.daemon.dra.sockets import KubeletSockets
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import Histogram
@@ -59,7 +59,7 @@ class HelperParts:
     api: HelperApi
     records: RecordLocks  # the claims' record locks, shared by every instance on the node
     io: OffLoop  # blocking file work, off the loop
-    host: PublishHost  # the devices offered, for the slice publisher
+    desired: DesiredDevices  # the devices offered at start, for the slice publisher
     board: HealthBoard  # the devices' health, for the health streams
     on_prepare_failed: PrepareFailed | None = None
 
@@ -71,14 +71,15 @@ class Helper:
         self.options = options
         self._plugin = parts.plugin
         self._api = parts.api
-        self._host = parts.host
         self._on_prepare_failed = parts.on_prepare_failed
         self.board = parts.board
         self.locks = ClaimLocks(parts.records, parts.io, wait=options.lock_wait,
                                 lock_path=options.lock_path)
         self.sockets = KubeletSockets(options.sockets, self._add_services, self._on_registered)
         self.publisher = SlicePublisher(parts.api, options.driver_name, options.node_name,
-                                        options.pool_name, resync=options.resync_seconds,
+                                        options.pool_name, desired=parts.desired,
+                                        taints=options.device_taints,
+                                        resync=options.resync_seconds,
                                         start_jitter=options.start_jitter_seconds)
         # Outcomes per claim, for /metrics: the kubelet's gRPC metrics see one OK call
         # for an answer that carries an error for a claim inside it.
@@ -96,7 +97,12 @@ class Helper:
 
     def _on_registered(self) -> None:
         # A starting kubelet deleted this node's slices: look at the server's copy again.
-        self._host.signals.poke(check=True)
+        self.publisher.check()
+
+    def publish(self, desired: DesiredDevices) -> None:
+        """The devices offered from now on (upstream's ``PublishResources``); written
+        when they changed."""
+        self.publisher.update(desired)
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -106,10 +112,8 @@ class Helper:
     # --- life cycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._host.signals.stopping = False
         await self.sockets.start()
-        self._tasks = [asyncio.create_task(self.publisher.run(self._host), name="dra-publish")]
-        self._host.signals.poke()
+        self._tasks = [asyncio.create_task(self.publisher.run(), name="dra-publish")]
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
@@ -117,7 +121,6 @@ class Helper:
         Bounded: a task that does not end within STOP_WAIT is left behind (and named),
         so SIGTERM always ends with the sockets removed.
         """
-        self._host.signals.stopping = True
         tasks, self._tasks = self._tasks, []
         await cancel_all(tasks, within=STOP_WAIT, what="the DRA driver's tasks")
         await self.sockets.stop()

@@ -29,6 +29,7 @@ class HelperOptions:
     lock_path: str
     lock_wait: float  # how long a claim waits for another instance's record lock
     health_resend_seconds: float
+    device_taints: bool  # taint a device whose ports are all down (until the server refuses)
     resync_seconds: float
     start_jitter_seconds: float
     sockets: DriverConfig  # what the sockets read (``daemon/dra/sockets.py``)
@@ -45,6 +46,7 @@ class HelperOptions:
             lock_path=config.lock_path,
             lock_wait=config.read_deadline,
             health_resend_seconds=config.health_resend_seconds,
+            device_taints=config.device_taints,
             resync_seconds=config.resync_seconds,
             start_jitter_seconds=config.start_jitter_seconds,
             sockets=config,
