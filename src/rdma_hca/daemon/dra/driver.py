@@ -22,6 +22,7 @@ from rdma_hca.daemon.dra.claimevents import ClaimEvents
 from rdma_hca.daemon.dra.claims import Claim
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.follow import CheckpointFollower
 from rdma_hca.daemon.dra.hooks import ClaimHooks, PreparedHook, UnpreparedHook
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
 from rdma_hca.daemon.dra.kubeletplugin.health import HealthBoard
@@ -29,7 +30,7 @@ from rdma_hca.daemon.dra.kubeletplugin.helper import Helper, HelperApi, HelperPa
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
 from rdma_hca.daemon.dra.offering import NodeOffer
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
-from rdma_hca.daemon.dra.recovery import follow_checkpoint, recover
+from rdma_hca.daemon.dra.recovery import recover
 from rdma_hca.daemon.dra.slices import Stats
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.aio import cancel_all
@@ -165,7 +166,8 @@ class DraDriver:
         options.check()
         api = self._given_api or await self._connect()
         own_events: EventRecorder | None = None
-        checkpoint = Checkpoint(self.config.checkpoint, self.config.lock_path)
+        checkpoint = Checkpoint(self.config.checkpoint, self.config.lock_path,
+                                deadline=self.config.read_deadline)
         try:
             if events is None and self._given_api is None and isinstance(api, SliceApi):
                 client = await connect_events_client(api.client.creds, off=self._files)
@@ -197,10 +199,9 @@ class DraDriver:
         tasks = []
         if options.rolling:
             # Another instance may write the checkpoint: follow its writes.
-            tasks.append(asyncio.create_task(
-                follow_checkpoint(self.config, checkpoint, self._files,
-                                  preparer.on_foreign_write),
-                name="dra-checkpoint-watch"))
+            follower = CheckpointFollower(checkpoint, self._files.run, preparer.on_followed,
+                                          backstop=self.config.socket_check_seconds)
+            tasks.append(asyncio.create_task(follower.run(), name="dra-checkpoint-watch"))
         helper = Helper(options, HelperParts(
             plugin=preparer, api=api, records=checkpoint, io=self._files,
             desired=self.offering.offer, board=self.board,

@@ -80,10 +80,14 @@ class ClaimPreparer:
         """Another instance may share the checkpoint (a rolling update is possible)."""
         return bool(self.config.pod_uid)
 
-    def on_foreign_write(self) -> None:
-        """Another instance wrote the checkpoint: what this one prepared may be gone."""
-        self.foreign_writes += 1
-        self._verified.clear()
+    def on_followed(self, claims: Claims | None, foreign: bool) -> None:
+        """A version of the checkpoint (None: unreadable), written by another instance?"""
+        if foreign:
+            # What this instance prepared may have been unprepared by the other one.
+            self.foreign_writes += 1
+            self._verified.clear()
+        if claims is not None:
+            self.prepared = claims
 
     # --- the seam ---------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the driver had prepared, at start: the checkpoint, or the CDI specs when it is lost.
 
-And, while running beside another instance (a rolling update), its writes of the
-checkpoint: what this instance prepared may have been unprepared by the other one.
+While running beside another instance (a rolling update), the other instance's writes of
+the checkpoint are followed by ``follow.CheckpointFollower``.
 """
 
 from __future__ import annotations
@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
 
 from rdma_hca.contract.checkpoint import CHECKPOINT_VERSION, CheckpointError, Claims
 from rdma_hca.daemon.dra import files
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.offloop import OffLoop
 
 log = logging.getLogger(__name__)
@@ -61,20 +59,3 @@ async def _save_merged(config: DriverConfig, checkpoint: Checkpoint, io: OffLoop
 
     return await io.run(f"writing the checkpoint {config.checkpoint}",
                         lambda: checkpoint.update(merge, claims, force=True))
-
-
-async def follow_checkpoint(config: DriverConfig, checkpoint: Checkpoint, io: OffLoop,
-                            on_foreign_write: Callable[[], None]) -> None:
-    """Tell ``on_foreign_write`` of every write of the checkpoint by another instance (or
-    of a checkpoint that cannot be looked at: then nothing in memory is to be trusted)."""
-    path = config.checkpoint
-    name = os.path.basename(path)
-    async for event in watch_dir(os.path.dirname(path)):
-        if not (event.watching or event.gone or event.name == name):
-            continue
-        try:
-            foreign = await io.run(f"looking at {path}", checkpoint.written_by_another)
-        except Exception:  # a stuck disk: trust nothing from memory
-            foreign = True
-        if foreign:
-            on_foreign_write()

@@ -23,12 +23,12 @@ import grpc
 from rdma_hca.daemon.dra.claims import Claim, ClaimRef, claim_field
 from rdma_hca.daemon.dra.kubeletplugin.fetch import ClaimReader, check_claim, fetch_claim
 from rdma_hca.daemon.dra.kubeletplugin.health import HealthBoard, add_health_services
-from rdma_hca.daemon.dra.kubeletplugin.options import HelperOptions
+from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
 from rdma_hca.daemon.dra.kubeletplugin.plugin import DriverPlugin, PrepareResult
 from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimLocks, RecordLocks
 from rdma_hca.daemon.dra.kubeletplugin.services import add_dra_services
 from rdma_hca.daemon.dra.slices import DesiredDevices, SliceClient, SlicePublisher
-from rdma_hca.daemon.dra.sockets import KubeletSockets
+from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop
@@ -112,7 +112,10 @@ class Helper:
     # --- life cycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.sockets.start()
+        try:
+            await self.sockets.start()
+        except SocketInUse as exc:  # another instance serves our sockets: exit status 2
+            raise DraConfigError(str(exc)) from None
         self._tasks = [asyncio.create_task(self.publisher.run(), name="dra-publish")]
 
     async def stop(self) -> None:
