@@ -21,6 +21,10 @@ Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use eve
 the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
 import each other; ``watch``, ``offer`` and ``observe`` know no front end.
 
+Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``) and the driver
+proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports nothing
+else of the helper, and the helper imports nothing of the driver proper.
+
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
 import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
 which is what lets the node image ship without the devkit.
@@ -159,6 +163,43 @@ def test_every_daemon_module_is_in_a_room_or_the_root() -> None:
     assert rooms == sorted(ROOMS), f"daemon packages {rooms} are not the rooms {ROOMS}"
     root = sorted(p.name for p in daemon.glob("*.py") if p.name != "__init__.py")
     assert len(root) <= ROOT_MODULE_LIMIT, f"the daemon's root holds {root}"
+
+
+DRA = f"{PACKAGE}.daemon.dra"
+HELPER = f"{DRA}.kubeletplugin"  # the kubelet plugin helper
+# What the driver proper may use of the helper: the seam it implements.
+HELPER_SEAM = {f"{HELPER}.plugin"}
+# Modules both sides stand on: the claim's typed edge, the configuration, the records,
+# the offer's wire format, the API layer, and the sockets and the slice publisher the
+# helper owns. Every other module of the DRA room outside the helper, but the
+# composition (``driver``), is the driver proper.
+DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "config", "checkpoint", "devices", "kubeapi",
+                                     "sockets", "slices")}
+
+
+def _helper_module(module: str) -> bool:
+    return module == HELPER or module.startswith(HELPER + ".")
+
+
+DRIVER_PROPER = {m for m in GRAPH if m.startswith(DRA + ".") and not _helper_module(m)
+                 and m not in DRA_SHARED and m != f"{DRA}.driver"}
+
+
+def test_the_driver_proper_sees_the_helper_only_through_its_seam() -> None:
+    assert f"{DRA}.prepare" in DRIVER_PROPER and all(m in GRAPH for m in HELPER_SEAM)
+    bad = {m: sorted(t for t in GRAPH[m] if _helper_module(t) and t not in HELPER_SEAM)
+           for m in sorted(DRIVER_PROPER)}
+    bad = {m: ts for m, ts in bad.items() if ts}
+    assert bad == {}, f"the driver proper reaches into the helper: {bad}"
+
+
+def test_the_helper_does_not_import_the_driver_proper() -> None:
+    helper = sorted(m for m in GRAPH if _helper_module(m))
+    assert f"{HELPER}.helper" in helper
+    bad = {m: sorted(t for t in GRAPH[m] if t in DRIVER_PROPER or t == f"{DRA}.driver")
+           for m in helper}
+    bad = {m: ts for m, ts in bad.items() if ts}
+    assert bad == {}, f"the helper imports the driver proper: {bad}"
 
 
 def test_no_import_cycles() -> None:

@@ -114,7 +114,7 @@ def _under(path: str, directory: str) -> bool:
 def test_dra_alone_loads_into_the_daemon_and_the_driver(
         render: RenderFn, tmp_path: Path, kubelet_dir: str) -> None:
     from rdma_hca.daemon.dra import DriverConfig
-    from rdma_hca.daemon.dra.driver import check_config
+    from rdma_hca.daemon.dra.kubeletplugin.options import HelperOptions
 
     values = {"dra.enabled": "true", "devicePlugin.enabled": "false", "kubeletDir": kubelet_dir,
               "dra.driverName": "hca.example.com", "dra.selectors.names[0]": "mlx5_*",
@@ -142,7 +142,8 @@ def test_dra_alone_loads_into_the_daemon_and_the_driver(
     assert _under(driver.checkpoint, mounted["plugins"])
     assert driver.endpoint == f"{root}/plugins/hca.example.com/dra.sock"
     assert (driver.node_name, driver.driver_name) == ("node-a", "hca.example.com")
-    check_config(driver)  # what the driver refuses at start: no node, socket paths too long
+    # What the driver refuses at start: no node, socket paths too long.
+    HelperOptions.from_config(driver).check()
 
 
 def test_dra_beside_the_device_plugin_loads_into_the_daemon(

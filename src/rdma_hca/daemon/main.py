@@ -23,7 +23,7 @@ from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
 
-from rdma_hca.daemon.dra.driver import DraConfigError  # noqa: E402
+from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError  # noqa: E402
 from rdma_hca.daemon.observe.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
 from rdma_hca.settings.model import ConfigError, Settings  # noqa: E402

@@ -53,6 +53,7 @@ class StatusSnapshot:
         """The daemon's state now, as one frozen record."""
         inv = self.health.inventory
         recorder = self.recorder()
+        dra = self.dra.stats() if self.dra is not None else None
         return Status(
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
@@ -77,24 +78,24 @@ class StatusSnapshot:
             counters=self.health.counters,
             state_changes=self.health.state_changes,
             sysfs_stalls=self.reader.stalls_total + self.files.stalls_total + (
-                self.dra.file_stalls if self.dra is not None else 0),
+                dra.file_stalls if dra is not None else 0),
             discovery_errors=self.health.discovery_errors,
             started=self.started,
             health_last_pass=self.health.last_pass,
             dead_tasks=tuple(self.supervisor.dead),
             health_stale_after=self.health_stale_after,
-            dra=None if self.dra is None else DraStatus(
-                registered=self.dra.registered,
-                registrations=self.dra.registrations,
-                prepared_claims=len(self.dra.prepared),
-                publish_error=self.dra.publish_error,
-                published=self.dra.published_since_start,
-                prepares=dict(self.dra.claims.prepare_results),
-                unprepares=dict(self.dra.claims.unprepare_results),
-                prepare_seconds=self.dra.claims.prepare_seconds.counts(),
-                bandwidth_capacity=self.dra.bandwidth_capacity,
-                bandwidth_held=self.dra.bandwidth_held,
-                api_requests=self.dra.api_requests,
-                api_wait_seconds=self.dra.api_wait_seconds,
+            dra=None if dra is None else DraStatus(
+                registered=dra.registered,
+                registrations=dra.registrations,
+                prepared_claims=dra.prepared_claims,
+                publish_error=dra.publish_error,
+                published=dra.published,
+                prepares=dra.prepares,
+                unprepares=dra.unprepares,
+                prepare_seconds=dra.prepare_seconds,
+                bandwidth_capacity=dra.bandwidth_capacity,
+                bandwidth_held=dra.bandwidth_held,
+                api_requests=dra.api_requests,
+                api_wait_seconds=dra.api_wait_seconds,
             ),
         )

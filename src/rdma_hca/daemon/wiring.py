@@ -187,7 +187,8 @@ class Daemon:
         # The followers take it from the inventory start has handed them already.
         seen = self.health.inventories.generation
         if self.dra is not None:
-            await self.dra.start(inventory)
+            await self.dra.start(inventory, events=(self.node_events.recorder
+                                                    if self.node_events is not None else None))
             self.supervisor.watch(self.dra.tasks)
             self._tasks.append(self.supervisor.spawn(
                 "dra-follow", self.health.follow(self.dra.update, seen)))
@@ -215,8 +216,6 @@ class Daemon:
         self.node_events = await start_node_events(None, node, off=self.files,
                                                    wanted=self._offered,
                                                    quiet=self.dra is not None)
-        if self.node_events is not None and self.dra is not None:
-            self.dra.events = self.node_events.recorder
 
     def _offered(self, hca: Hca) -> bool:
         """An HCA a pool or the DRA driver selects: the only ones the node's Events name."""

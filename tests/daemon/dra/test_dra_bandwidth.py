@@ -58,7 +58,7 @@ def _checkpoint(stage: DraStage) -> dict[str, Any]:
 
 def _held(stage: DraStage, hca: str) -> int:
     assert stage.driver is not None
-    return stage.driver.bandwidth_held[hca]
+    return stage.driver.stats().bandwidth_held[hca]
 
 
 # --- the slice --------------------------------------------------------------------------
@@ -80,8 +80,8 @@ async def test_every_device_of_a_13_hca_node_publishes_its_bandwidth(tmp_path: P
             assert d["capacity"] == {BANDWIDTH: {"value": expected, "requestPolicy": POLICY}}
             assert len(d["attributes"]) + len(d["capacity"]) <= 32
         assert stage.driver is not None
-        assert stage.driver.bandwidth_capacity["mlx5_11"] == 400 * 10**9
-        assert stage.driver.bandwidth_held == dict.fromkeys(
+        assert stage.driver.stats().bandwidth_capacity["mlx5_11"] == 400 * 10**9
+        assert stage.driver.stats().bandwidth_held == dict.fromkeys(
             [f"mlx5_{i}" for i in range(12)] + ["mlx5_bond_0"], 0)
 
 
@@ -193,19 +193,19 @@ async def test_shares_survive_a_restart_and_a_lost_checkpoint(stage: DraStage) -
     stage.api.delete("resourceclaims", "ns", "keep")  # only the checkpoint knows it now
     driver = await stage.restart_driver()
     assert await stage.registered(2)
-    assert driver.bandwidth_held["mlx5_2"] == 100 * 10**9
+    assert driver.stats().bandwidth_held["mlx5_2"] == 100 * 10**9
     again = await stage.kubelet.prepare(DRIVER, [("ns", uid, "keep")])
     assert again.claims[uid] == first.claims[uid]
     # The checkpoint lost: rebuilt from the CDI spec, whose annotations carry the shares.
     Path(driver.config.checkpoint).unlink()
     driver = await stage.restart_driver()
     assert await stage.registered(3)
-    assert driver.bandwidth_held["mlx5_2"] == 100 * 10**9
+    assert driver.stats().bandwidth_held["mlx5_2"] == 100 * 10**9
     assert _checkpoint(stage)[uid]["devices"][0]["shares"] == [
         {"id": SHARE_A, "bandwidth": 100 * 10**9}]
     resp = await stage.kubelet.unprepare(DRIVER, [("ns", uid, "keep")])
     assert resp.claims[uid].error == ""
-    assert driver.bandwidth_held["mlx5_2"] == 0
+    assert driver.stats().bandwidth_held["mlx5_2"] == 0
 
 
 async def test_a_consumed_capacity_that_is_no_quantity_fails_the_claim(

@@ -117,7 +117,7 @@ async def test_a_prepare_that_cannot_write_its_checkpoint_leaves_nothing(
             assert ("No space left" if fault == "full" else "Read-only") in error
             assert _specs(s) == [f"{DRIVER}-claim-{kept}.json"]  # no orphan spec
             assert (state / "checkpoint.json").read_text() == before  # no entry
-            assert uid not in s.driver.prepared
+            assert uid not in s.driver.preparer.prepared
             if fault == "read-only":
                 subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
             else:
@@ -136,17 +136,17 @@ async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
         assert s.kubelet is not None and s.driver is not None and await s.registered()
         uids = [api.add_claim("ns", f"c{i}", [_result(f"mlx5-{i}", f"r{i}")]) for i in range(2)]
         first = await s.kubelet.prepare(DRIVER, [("ns", u, f"c{i}") for i, u in enumerate(uids)])
-        prepared = dict(s.driver.prepared)
+        prepared = dict(s.driver.preparer.prepared)
         path = Path(s.driver.config.checkpoint)
         await s.stop_driver()
         if damage == "corrupt":
             path.write_text(path.read_text().replace('"c0"', '"cX"'))  # checksum no longer fits
         else:
             path.unlink()
-        with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.claims"):
+        with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.recovery"):
             await s.start_driver()
         assert await s.registered(2)
-        assert dict(s.driver.prepared) == prepared
+        assert dict(s.driver.preparer.prepared) == prepared
         said = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
         assert len(said) == 1 and "rebuilt 2 prepared claim(s)" in said[0]
         if damage == "corrupt":
@@ -170,7 +170,7 @@ async def test_a_version_1_checkpoint_is_migrated(
         "namespace": "ns", "name": "old", "devices": [{
             "request_names": ["hca"], "pool": NODE, "device": "mlx5-3", "hca": "mlx5_3",
             "cdi_ids": [cdi_id]}]}}}, indent=1, sort_keys=True) + "\n")
-    with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.claims"):
+    with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.recovery"):
         async with DraStage(dra_node, work, api=api) as s:
             assert s.kubelet is not None and await s.registered()
             # The status writer reads each checkpoint claim once at start (here: gone, 404).

@@ -13,8 +13,13 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedDevice
-from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimKeeper, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
+from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.dra.hooks import ClaimHooks
+from rdma_hca.daemon.dra.prepare import ClaimPreparer
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer, Recorded
 from rdma_hca.devkit.sim import nodes as sim
@@ -120,23 +125,24 @@ async def test_hooks_see_the_claim_and_a_failing_one_fails_nothing(
     async def on_unprepared(ref: ClaimRef) -> None:
         gone.append(ref.name)
 
-    async with DraStage(dra_node, tmp_path / "s", api=api) as s:
+    def driver(config: DriverConfig) -> DraDriver:
+        return DraDriver(config, on_prepared=on_prepared, on_unprepared=on_unprepared)
+
+    async with DraStage(dra_node, tmp_path / "s", api=api, driver=driver) as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
-        s.driver.claims.on_prepared = on_prepared
-        s.driver.claims.on_unprepared = on_unprepared
         uids = [api.add_claim("ns", f"c{i}", [_result(f"mlx5-{i}")]) for i in range(2)]
-        with caplog.at_level(logging.WARNING, logger="rdma_hca.daemon.dra.claims"):
+        with caplog.at_level(logging.WARNING, logger="rdma_hca.daemon.dra.hooks"):
             for i, uid in enumerate(uids):
                 resp = await s.kubelet.prepare(DRIVER, [("ns", uid, f"c{i}")])
                 assert resp.claims[uid].error == ""
-            await s.driver.claims.hooks_done()
+            await s.driver.preparer.hooks.done()
         assert [name for name, _ in seen] == ["c0", "c1"]
         assert [d.device for d in seen[0][1]] == ["mlx5-0"]
-        assert s.driver.claims.hook_failures == 2
+        assert s.driver.preparer.hooks.failures == 2
         said = [r for r in caplog.records if "hook failed" in r.getMessage()]
         assert len(said) == 1  # once per reason
         await s.kubelet.unprepare(DRIVER, [("ns", uids[0], "c0")])
-        await s.driver.claims.hooks_done()
+        await s.driver.preparer.hooks.done()
         assert gone == ["c0"]
 
 
@@ -160,7 +166,10 @@ def test_a_claim_is_parsed_at_the_edge() -> None:
 async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mode: Mode) -> None:
     settings = Settings(node_name=NODE, kubelet_root=str(tmp_path),
                         dra=DraConfig(enabled=True, mode=mode))
-    keeper = ClaimKeeper(DriverConfig.from_settings(settings), OffLoop(5.0))
+    config = DriverConfig.from_settings(settings)
+    offer = DeviceOffer.build((), config.driver_name, config.mode, False, None)
+    keeper = ClaimPreparer(config, OffLoop(5.0), Checkpoint(config.checkpoint, config.lock_path),
+                           prepared={}, offer=lambda: offer, hooks=ClaimHooks())
     order: list[str] = []
     release = asyncio.Event()
 

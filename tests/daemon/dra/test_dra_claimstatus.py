@@ -11,10 +11,10 @@ import pytest
 
 from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.contract.dra import GROUP_VERSION
+from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi, claim_path
-from rdma_hca.daemon.dra.service import ClaimRef
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.kit.offloop import OffLoop

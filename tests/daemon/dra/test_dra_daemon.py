@@ -244,7 +244,7 @@ async def test_dra_alone_waits_for_no_device_plugins_directory_and_is_ready_only
         assert await kubelet.wait_registered(DRIVER)
         assert daemon.dra is not None
         assert await wait_until(lambda: daemon.dra is not None and
-                                daemon.dra.publish_error is not None, 10.0)
+                                daemon.dra.stats().publish_error is not None, 10.0)
         status = daemon.status()
         assert not status.ready
         assert "the DRA driver's ResourceSlice (none published since start)" in status.waiting

@@ -94,11 +94,11 @@ async def test_the_claims_ready_at_one_moment_cost_one_checkpoint_write(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
-        keeper = s.driver.claims
+        keeper = s.driver.preparer
         gate = Gate(keeper.checkpoint)
         refs = _claims(api, "c")
         # The first claim's write is held under the file lock; the others pile up behind.
-        call = asyncio.create_task(s.driver.prepare(refs))
+        call = asyncio.create_task(s.driver.helper.prepare(refs))
         await _until(_piled_up(gate, keeper.commits))
         assert not call.done()  # no Prepare is answered before its entry is durable
         gate.release.set()
@@ -111,7 +111,7 @@ async def test_the_claims_ready_at_one_moment_cost_one_checkpoint_write(
         assert sum(gate.sizes) < 2 * gate.sizes[-1]
         # Unprepared together, they cost at most two writes again.
         gate, batches = Gate(keeper.checkpoint), keeper.commits.batches
-        call_un = asyncio.create_task(s.driver.unprepare(refs))
+        call_un = asyncio.create_task(s.driver.helper.unprepare(refs))
         await _until(_piled_up(gate, keeper.commits))
         gate.release.set()
         assert all(e == "" for e in (await call_un).values())
@@ -123,10 +123,10 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
-        keeper = s.driver.claims
+        keeper = s.driver.preparer
         gate = Gate(keeper.checkpoint, fail_after_first=True)
         refs = _claims(api, "c")
-        call = asyncio.create_task(s.driver.prepare(refs))
+        call = asyncio.create_task(s.driver.helper.prepare(refs))
         await _until(_piled_up(gate, keeper.commits))
         first = keeper.commits.in_flight
         gate.release.set()
@@ -138,10 +138,10 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
                    for e in failed.values())
         assert _specs(s) == sorted(f"{DRIVER}-claim-{u}.json" for u in ok)  # no orphan
         assert _on_disk(s.driver.config.checkpoint) == set(ok)
-        assert set(s.driver.prepared) == set(ok)
+        assert set(s.driver.preparer.prepared) == set(ok)
         # The disk is back: the kubelet's retry prepares them.
         gate.fail_after_first = False
-        again = await s.driver.prepare([r for r in refs if r.uid in failed])
+        again = await s.driver.helper.prepare([r for r in refs if r.uid in failed])
         assert all(r.error == "" for r in again.values())
         assert _on_disk(s.driver.config.checkpoint) == {r.uid for r in refs}
 
@@ -154,14 +154,14 @@ async def test_two_instances_committing_at_once_keep_each_others_entries(
         b = DraDriver(dataclasses.replace(s.config(), pod_uid="pod-b"))
         await b.start(s.watcher.inventory)
         try:
-            gate = Gate(a.claims.checkpoint)
+            gate = Gate(a.preparer.checkpoint)
             refs_a, refs_b = _claims(api, "a"), _claims(api, "b")
             # A holds the file lock in its first write while B's batch waits for it: B must
             # read A's write under the lock, not what it saw before.
-            call_a = asyncio.create_task(a.prepare(refs_a))
+            call_a = asyncio.create_task(a.helper.prepare(refs_a))
             await _until(gate.held.is_set)
-            call_b = asyncio.create_task(b.prepare(refs_b))
-            await _until(lambda: b.claims.commits.batches >= 1)
+            call_b = asyncio.create_task(b.helper.prepare(refs_b))
+            await _until(lambda: b.preparer.commits.batches >= 1)
             gate.release.set()
             ra, rb = await call_a, await call_b
             assert all(r.error == "" for r in [*ra.values(), *rb.values()])
@@ -169,8 +169,8 @@ async def test_two_instances_committing_at_once_keep_each_others_entries(
             assert _on_disk(a.config.checkpoint) == every
             # Each unprepares half of the other's claims, at once.
             gone = refs_b[:CLAIMS // 2] + refs_a[:CLAIMS // 2]
-            ua, ub = await asyncio.gather(a.unprepare(gone[:CLAIMS // 2]),
-                                          b.unprepare(gone[CLAIMS // 2:]))
+            ua, ub = await asyncio.gather(a.helper.unprepare(gone[:CLAIMS // 2]),
+                                          b.helper.unprepare(gone[CLAIMS // 2:]))
             assert all(e == "" for e in [*ua.values(), *ub.values()])
             assert _on_disk(a.config.checkpoint) == every - {r.uid for r in gone}
         finally:

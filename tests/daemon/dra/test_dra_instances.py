@@ -20,8 +20,9 @@ from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, 
 from rdma_hca.daemon.dra import sockets as sockets_module
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.driver import DraConfigError, DraDriver
+from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
+from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError
 from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse, SocketTaken
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage, share_result
@@ -83,7 +84,7 @@ async def test_a_second_instance_without_pod_uid_refuses_to_start_and_names_the_
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.driver is not None and s.watcher is not None and await s.registered()
         first = s.driver
-        serves, endpoint = first.sockets.serves, first.config.endpoint
+        serves, endpoint = first.helper.sockets.serves, first.config.endpoint
         ident = _inode(endpoint), _inode(first.config.registration_socket)
         second = DraDriver(s.config())
         try:
@@ -97,7 +98,7 @@ async def test_a_second_instance_without_pod_uid_refuses_to_start_and_names_the_
         assert "\n" not in message
         # The first was not disturbed: same sockets, not served again, still registered.
         assert (_inode(endpoint), _inode(first.config.registration_socket)) == ident
-        assert first.sockets.serves == serves and first.registered
+        assert first.helper.sockets.serves == serves and first.stats().registered
         assert s.kubelet is not None and s.kubelet.events.registered.count(DRIVER) == 1
 
 
@@ -119,7 +120,7 @@ async def test_a_dra_socket_replaced_by_a_live_instance_is_not_taken_back(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.driver is not None and await s.registered()
-        sockets = s.driver.sockets
+        sockets = s.driver.helper.sockets
         serves = sockets.serves
         (keeper,) = [t for t in sockets.tasks if t.get_name() == "dra-sockets"]
         endpoint = s.driver.config.endpoint
@@ -338,12 +339,12 @@ async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
                 share_result("hca", "mlx5-0", NODE, bandwidth="100G", share_id=SHARE)])
             resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # to the new one
             assert resp.claims[uid].error == ""
-            assert await s.until(lambda: uid in old.prepared)
-            assert old.bandwidth_held["mlx5_0"] == 100 * 10**9
+            assert await s.until(lambda: uid in old.preparer.prepared)
+            assert old.stats().bandwidth_held["mlx5_0"] == 100 * 10**9
             assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid] \
                 .error == ""
-            assert await s.until(lambda: uid not in old.prepared)
-            assert old.bandwidth_held["mlx5_0"] == 0
+            assert await s.until(lambda: uid not in old.preparer.prepared)
+            assert old.stats().bandwidth_held["mlx5_0"] == 0
         finally:
             await new.stop()
 

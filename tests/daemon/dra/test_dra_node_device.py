@@ -108,8 +108,8 @@ async def test_the_driver_follows_both_settings(
         driver = s.driver
         assert driver is not None
         # The slice lands on the server just before the driver hears back.
-        assert await s.until(lambda: driver.publish_stats.created >= 1)
-        assert driver.publish_stats.error is None
+        assert await s.until(lambda: driver.helper.publisher.stats.created >= 1)
+        assert driver.helper.publisher.stats.error is None
 
 
 # --- selectors a class that selects every device of the driver may carry ------------------

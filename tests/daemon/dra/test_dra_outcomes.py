@@ -49,7 +49,7 @@ def kubelet_root() -> Iterator[str]:
 
 async def test_a_failing_claim_counts_one_error_beside_a_good_one(stage: DraStage) -> None:
     assert stage.kubelet is not None and stage.driver is not None
-    keeper = stage.driver.claims
+    keeper = stage.driver.helper
     assert keeper.prepare_results == {"ok": 0, "error": 0}
     good = stage.api.add_claim("ns", "good", [_result("mlx5-0")])
     bad = stage.api.add_claim("ns", "bad", [_result("mlx5-1", pool="node-b")])
@@ -66,7 +66,7 @@ async def test_a_failing_claim_counts_one_error_beside_a_good_one(stage: DraStag
 
 async def test_a_claim_unprepare_cannot_remove_counts_one_error(stage: DraStage) -> None:
     assert stage.kubelet is not None and stage.driver is not None
-    keeper = stage.driver.claims
+    keeper = stage.driver.helper
     uid = stage.api.add_claim("ns", "c", [_result("mlx5-2")])
     assert (await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid].error == ""
     # A directory where the spec was: unlink fails, as on a broken filesystem (as root too).

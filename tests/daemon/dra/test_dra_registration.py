@@ -31,7 +31,7 @@ async def test_get_info_names_the_dra_services_and_the_endpoint(stage: DraStage)
     assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
     assert "v1.DRAResourceHealth" in info.supported_versions
     # A GetInfo alone (the kubelet's connection monitor) is not a registration.
-    assert stage.driver.registrations == 1
+    assert stage.driver.stats().registrations == 1
 
 
 async def test_emulator_uses_v1_and_a_v1beta1_kubelet_works_too(
@@ -58,7 +58,7 @@ async def test_kubelet_restart_wipes_slices_and_the_driver_publishes_again(
     await stage.kubelet.restart()  # removes the registration socket, deletes the slices
     assert await stage.registered(2)
     assert await stage.until(lambda: stage.devices() == before)
-    assert stage.driver.registrations == 2
+    assert stage.driver.stats().registrations == 2
 
 
 async def test_registration_with_unchanged_slice_writes_nothing(stage: DraStage) -> None:
@@ -66,12 +66,12 @@ async def test_registration_with_unchanged_slice_writes_nothing(stage: DraStage)
     assert stage.kubelet is not None and stage.driver is not None
     driver = stage.driver
     stage.kubelet.api_url = None  # this kubelet deletes nothing at start
-    assert await stage.until(lambda: driver.idle)
+    assert await stage.until(lambda: driver.stats().idle)
     writes, lists = len(stage.api.writes()), _lists(stage.api)
     await stage.kubelet.restart()
     assert await stage.registered(2)
     assert await stage.until(lambda: _lists(stage.api) > lists)  # it looked at the server
-    assert await stage.until(lambda: driver.idle)
+    assert await stage.until(lambda: driver.stats().idle)
     assert len(stage.api.writes()) == writes
 
 
@@ -91,5 +91,5 @@ async def test_driver_restart_registers_again_with_the_same_slice(stage: DraStag
     await stage.restart_driver()
     assert await stage.registered(2)
     assert stage.driver is not None
-    assert await stage.until(stage.driver.published.is_set)
+    assert await stage.until(stage.driver.helper.publisher.published.is_set)
     assert stage.slices() == before  # same name, same generation, nothing rewritten

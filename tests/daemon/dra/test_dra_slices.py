@@ -185,15 +185,15 @@ async def test_api_server_errors_are_retried_never_fatal(
     token = stage.api.token
     stage.api.token = "rotated"  # every request of the driver is now refused (401)
     dra_node.set_port("mlx5_0", up=False)
-    assert await stage.until(lambda: driver.publish_error is not None)
-    assert "HTTP 401" in (driver.publish_error or "")
+    assert await stage.until(lambda: driver.stats().publish_error is not None)
+    assert "HTTP 401" in (driver.stats().publish_error or "")
     uid = "u-1"
     resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])
     assert "HTTP 401" in resp.claims[uid].error  # a per-claim error, the call succeeds
     stage.api.token = token
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-0", {}))
     # The slice lands on the server just before the driver hears back; then it is clear.
-    assert await stage.until(lambda: driver.publish_error is None)
+    assert await stage.until(lambda: driver.stats().publish_error is None)
 
 
 class Clock:
@@ -217,8 +217,7 @@ async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
         clock = Clock()
         s.watcher.flaps.clock = clock
         driver = s.driver
-        assert driver.publisher is not None
-        driver.publisher.damper.spacing = 0.5  # the test's pace; the order is the same
+        driver.helper.publisher.damper.spacing = 0.5  # the test's pace; the order is the same
 
         def seen(up: bool) -> bool:
             inv = s.watcher.inventory if s.watcher else None
@@ -230,7 +229,7 @@ async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
             dra_node.set_port("mlx5_2", up=up)
             assert await s.until(lambda: seen(up))
 
-        assert await s.until(lambda: driver.idle)
+        assert await s.until(lambda: driver.stats().idle)
         # A lone change goes out at once, and so does the way back.
         await flip(False)
         assert await s.until(lambda: _taint(s, "mlx5-2") == "down")
@@ -243,12 +242,12 @@ async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
         assert await s.until(lambda: _taint(s, "mlx5-2") == "flapping")
         assert _attr(s.devices()["mlx5-2"], f"{DRIVER}/linkState") == "down"
         assert driver.board.health["mlx5-2"] is False  # the kubelet's health stream too
-        assert await s.until(lambda: driver.idle)
+        assert await s.until(lambda: driver.stats().idle)
         # While held, the port flapping on costs no write at all.
         writes = len(api.writes())
         for i in range(10):
             await flip(i % 2 == 1)
-        assert await s.until(lambda: driver.idle)
+        assert await s.until(lambda: driver.stats().idle)
         assert len(api.writes()) == writes and _taint(s, "mlx5-2") == "flapping"
         # Up, but short of the hold since it last came up: still held.
         clock.now += hold - 1
@@ -267,7 +266,7 @@ async def test_the_driver_owns_its_slices_by_its_node_and_writes_without_listing
     assert mine["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"],
          "controller": True}]
-    assert await stage.until(lambda: stage.driver is not None and stage.driver.idle)
+    assert await stage.until(lambda: stage.driver is not None and stage.driver.stats().idle)
     lists = stage.api.count("GET", "/resourceslices")
     dra_node.set_port("mlx5_1", up=False)
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-1", {}))

@@ -59,10 +59,10 @@ async def test_a_removed_dra_socket_is_served_again_through_the_watch(
     tune = lambda c: dataclasses.replace(c, socket_check_seconds=3600.0)  # noqa: E731
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert s.driver is not None and s.kubelet is not None and await s.registered()
-        serves = s.driver.sockets.serves
+        serves = s.driver.helper.sockets.serves
         os.unlink(s.driver.config.endpoint)
         assert await s.registered(2)  # registration socket re-created: the kubelet re-dials
-        assert s.driver.sockets.serves == serves + 2
+        assert s.driver.helper.sockets.serves == serves + 2
         assert os.path.exists(s.driver.config.endpoint)
         uid = api.add_claim("ns", "c", [_result("mlx5-0")])
         assert (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid].error == ""
@@ -114,7 +114,7 @@ async def test_two_instances_run_side_by_side_through_a_rolling_update(
             assert await s.registered(2)
             assert s.kubelet.plugins[DRIVER].endpoint == new.config.endpoint
             # Neither took the other's sockets.
-            assert old.sockets.registered and old.config.endpoint != new.config.endpoint
+            assert old.helper.sockets.registered and old.config.endpoint != new.config.endpoint
             for path in (old.config.endpoint, old.config.registration_socket,
                          new.config.endpoint, new.config.registration_socket):
                 assert os.path.exists(path), path
@@ -161,10 +161,10 @@ async def test_one_claim_is_prepared_by_one_instance_at_a_time(
             uid = api.add_claim("ns", "c", [_result("mlx5-2")])
             ref = ClaimRef("ns", uid, "c")
             api.on_request = on_request
-            first = asyncio.create_task(a.prepare([ref]))
+            first = asyncio.create_task(a.helper.prepare([ref]))
             assert await s.until(lambda: len(reads) == 1)
-            second = asyncio.create_task(b.prepare([ref]))
-            assert await s.until(lambda: b.claims.lock_waits > 0)  # on the claim's file lock
+            second = asyncio.create_task(b.helper.prepare([ref]))
+            assert await s.until(lambda: b.helper.locks.lock_waits > 0)  # on the claim's file lock
             hold.set()
             ra, rb = await first, await second
             assert ra[uid] == rb[uid] and ra[uid].error == ""
@@ -229,11 +229,11 @@ async def test_a_claim_the_other_instance_unprepared_is_not_answered_from_memory
         new = await _second_instance(s, "pod-new")
         try:
             assert await s.registered(2)
-            seen = old.claims.foreign_writes
+            seen = old.preparer.foreign_writes
             assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid].error \
                 == ""  # by the new instance
             assert not spec.exists()
-            assert await s.until(lambda: old.claims.foreign_writes > seen)
+            assert await s.until(lambda: old.preparer.foreign_writes > seen)
         finally:
             await new.stop()
         assert await s.until(lambda: s.kubelet is not None and s.kubelet.events.fallbacks

@@ -120,7 +120,7 @@ def same_entries(a: Sequence[DeviceEntry], b: Sequence[DeviceEntry]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class AllocatedDevice:
+class AllocatedKey:
     """One ``status.allocation.devices.results[]`` item: what an entry may name."""
 
     driver: str
@@ -137,7 +137,7 @@ class ClaimView:
     name: str
     uid: str
     generation: int | None
-    allocated: tuple[AllocatedDevice, ...]
+    allocated: tuple[AllocatedKey, ...]
     entries: tuple[DeviceEntry, ...]
 
     def entries_of(self, driver: str) -> tuple[DeviceEntry, ...]:
@@ -152,7 +152,7 @@ def _dict(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
+def parse_claim_view(obj: Mapping[str, Any]) -> ClaimView:
     """The claim as the API server answered it; missing or malformed parts read as none."""
     meta, status = _dict(obj.get("metadata")), _dict(obj.get("status"))
     results = _dicts(_dict(_dict(status.get("allocation")).get("devices")).get("results"))
@@ -160,7 +160,7 @@ def parse_claim(obj: Mapping[str, Any]) -> ClaimView:
     return ClaimView(
         str(meta.get("namespace") or ""), str(meta.get("name") or ""),
         str(meta.get("uid") or ""), generation if isinstance(generation, int) else None,
-        tuple(AllocatedDevice(str(r.get("driver") or ""), str(r.get("pool") or ""),
+        tuple(AllocatedKey(str(r.get("driver") or ""), str(r.get("pool") or ""),
                               str(r.get("device") or ""), str(r.get("shareID") or ""))
               for r in results),
         tuple(DeviceEntry.from_api(e) for e in _dicts(status.get("devices"))))

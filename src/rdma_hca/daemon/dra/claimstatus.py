@@ -62,7 +62,12 @@ from typing import Any, Protocol
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimentries import EntryBuilder
-from rdma_hca.daemon.dra.claimrecords import ClaimView, DeviceEntry, parse_claim, same_entries
+from rdma_hca.daemon.dra.claimrecords import (
+    ClaimView,
+    DeviceEntry,
+    parse_claim_view,
+    same_entries,
+)
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.backoff import Backoff, Clock, Sleep
@@ -185,7 +190,7 @@ class ClaimStatusWriter:
         read of their own.
         """
         if devices:
-            view = parse_claim(known) if known is not None else None
+            view = parse_claim_view(known) if known is not None else None
             self._put(_Intent(claim, tuple(devices), view))
 
     async def on_unprepared(self, claim: ClaimRef) -> None:

@@ -1,334 +1,278 @@
-"""The DRA driver: the composition of its parts, and the node's slice.
+"""The DRA driver: the kubelet plugin helper and the driver proper, composed.
 
-Its parts are those of the upstream kubelet plugin helper: the sockets and the
-registration (``sockets.py``), the claims with their CDI specs and checkpoint
-(``claims.py``, ``checkpoint.py``), and publishing the node's ResourceSlice
-(``slices.py``: the driver hands it each new offer's devices). The kubelet registering us
-makes the publisher check the API server's copy again, since a starting kubelet deletes
-the node's slices.
+Composition only, as dranet's ``driver.go``: the helper (``kubeletplugin/``) owns the
+sockets, the services, fetching and serializing claims and publishing the node's slice;
+the driver proper prepares claims into CDI specs and the checkpoint (``prepare.py``,
+``recovery.py``) and offers the node's devices (``offering.py``). Whatever needs the API
+client is built in :meth:`DraDriver.start`, once the client is connected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import re
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
-from rdma_hca.contract.dra import NODE_DEVICE
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claimevents import ClaimEvents
-from rdma_hca.daemon.dra.claims import (
-    Claim,
-    ClaimKeeper,
-    ClaimReader,
-    ClaimRef,
-    PreparedHook,
-    PrepareResult,
-    UnpreparedHook,
-)
+from rdma_hca.daemon.dra.claims import Claim
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.follow import CheckpointFollower
+from rdma_hca.daemon.dra.hooks import ClaimHooks, PreparedHook, UnpreparedHook
 from rdma_hca.daemon.dra.kubeapi import BUDGETS, KNOWN_REQUESTS, KubeApiError, SliceApi
-from rdma_hca.daemon.dra.service import HealthBoard, add_dra_services
-from rdma_hca.daemon.dra.slices import SliceClient, SlicePublisher, Stats
-from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse
+from rdma_hca.daemon.dra.kubeletplugin.health import HealthBoard
+from rdma_hca.daemon.dra.kubeletplugin.helper import Helper, HelperApi, HelperParts
+from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
+from rdma_hca.daemon.dra.offering import NodeOffer
+from rdma_hca.daemon.dra.prepare import ClaimPreparer
+from rdma_hca.daemon.dra.recovery import recover
+from rdma_hca.daemon.dra.slices import Stats
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
+from rdma_hca.kit.aio import cancel_all
+from rdma_hca.kit.histogram import HistogramCounts
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.kit.unixserver import socket_path_problem
 from rdma_hca.kube.events import EventRecorder, connect_events_client
-from rdma_hca.node.model import CharDevice, Hca, NodeInventory
-
-log = logging.getLogger(__name__)
+from rdma_hca.node.model import NodeInventory
 
 STOP_WAIT = 1.0
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class DraConfigError(ValueError):
-    """The driver cannot run with this configuration; the message says how to fix it."""
+class DriverApi(HelperApi, Protocol):
+    """The driver's API client: the helper's reads and writes, and closing it."""
 
-
-class ApiClient(SliceClient, ClaimReader, Protocol):
     async def close(self) -> None: ...
 
 
-def check_config(config: DriverConfig) -> None:
-    if not config.node_name:
-        raise DraConfigError("the DRA driver needs the node's name: set --node-name or NODE_NAME "
-                             "(the chart sets it from spec.nodeName)")
-    if len(config.driver_name) > 63 or not _DNS_SUBDOMAIN.match(config.driver_name):
-        raise DraConfigError(f"DRA driver name {config.driver_name!r} is not a lowercase DNS "
-                             "subdomain of at most 63 characters, e.g. rdma-hca.io")
-    if config.pod_uid and not _POD_UID.match(config.pod_uid):
-        raise DraConfigError(f"pod UID {config.pod_uid[:80]!r} cannot be part of a socket name: "
-                             "set POD_UID to the pod's metadata.uid (the chart does)")
-    for path in (config.endpoint, config.registration_socket):
-        if socket_path_problem(path) is not None:
-            raise DraConfigError(f"socket path {path} is too long for a unix socket "
-                                 "(107 bytes at most): use a shorter kubelet root directory")
+@dataclass(frozen=True, slots=True)
+class DraStats:
+    """What the daemon reads of the driver (/metrics, /healthz): a snapshot."""
+
+    registered: bool  # with the kubelet's plugin watcher
+    registrations: int
+    prepared_claims: int
+    publish_error: str | None  # why the last publish pass failed; None after a good one
+    published: bool  # a publish pass succeeded since start
+    idle: bool  # no publish pass running or due (tests and benchmarks wait for this)
+    prepares: Mapping[str, int]  # claims answered, by result ("ok", "error")
+    unprepares: Mapping[str, int]
+    prepare_seconds: HistogramCounts
+    bandwidth_capacity: Mapping[str, int]  # each offered HCA's, bits per second
+    bandwidth_held: Mapping[str, int]  # what the prepared claims hold of each HCA
+    api_requests: Mapping[tuple[str, str, str], int]  # by (resource, verb, code)
+    api_wait_seconds: Mapping[str, float]  # waiting for a token, by budget
+    file_stalls: int  # reads and writes of the driver's files past their deadline, ever
+
+
+@dataclass(slots=True)
+class _Running:
+    """What :meth:`DraDriver.start` built, with the API client."""
+
+    api: DriverApi
+    checkpoint: Checkpoint
+    preparer: ClaimPreparer
+    helper: Helper
+    tasks: list[asyncio.Task[None]]
+    status_writer: ClaimStatusWriter | None
+    events: EventRecorder | None  # made by the driver, closed at stop
 
 
 class DraDriver:
     """Construct, ``await start(inventory)``, feed ``update(inventory)``, ``await stop()``."""
 
-    def __init__(self, config: DriverConfig, *, api: ApiClient | None = None,
+    def __init__(self, config: DriverConfig, *, api: DriverApi | None = None,
                  on_prepared: PreparedHook | None = None,
-                 on_unprepared: UnpreparedHook | None = None,
-                 events: EventRecorder | None = None) -> None:
+                 on_unprepared: UnpreparedHook | None = None) -> None:
+        """``api``: an API client of the caller's (else the driver connects its own at
+        start); ``on_prepared``/``on_unprepared``: hooks of the caller's, in place of the
+        claims' status.devices entries."""
         self.config = config
-        # The daemon's recorder when it gives one; else the driver makes its own at start
-        # (with the API client it makes itself), on a budget apart from the driver's.
-        self.events = events
-        self._own_events = False
-        self.claim_events: ClaimEvents | None = None
-        self._api = api
-        self._own_api = api is None
-        self._offer = self._build_offer((), None, frozenset())
-        self.rdma_cm: CharDevice | None = None
-        self.board = HealthBoard(config.pool_name)
+        self._given_api = api
+        self._on_prepared = on_prepared
+        self._on_unprepared = on_unprepared
         self._files = OffLoop(config.read_deadline)
-        self.claims = ClaimKeeper(config, self._files, on_prepared=on_prepared,
-                                  on_unprepared=on_unprepared)
-        # Without hooks of the caller's, prepared claims get their status.devices entries.
-        self._write_status = on_prepared is None and on_unprepared is None
-        self.status_writer: ClaimStatusWriter | None = None
-        self.sockets = KubeletSockets(
-            config,
-            lambda server: add_dra_services(server, self, self.board,
-                                            config.health_resend_seconds),
-            self._on_registered)
-        self.publisher: SlicePublisher | None = None
-        self._hcas: tuple[Hca, ...] = ()
-        self._held: frozenset[str] = frozenset()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.offering = NodeOffer(config)
+        self.board = HealthBoard(config.pool_name)
+        self._events: EventRecorder | None = None
+        self._running: _Running | None = None
 
     # --- what others read ------------------------------------------------------------
 
     @property
-    def prepared(self) -> Mapping[str, PreparedClaim]:
-        return self.claims.prepared
+    def events(self) -> EventRecorder | None:
+        """The recorder the claims' Events go through (the daemon's, or the driver's own)."""
+        return self._events
 
     @property
-    def bandwidth_capacity(self) -> dict[str, int]:
-        """Each offered HCA's published bandwidth, bits per second (0: none published)."""
-        return self.offer.bandwidth()
+    def helper(self) -> Helper:
+        return self._started().helper
 
     @property
-    def bandwidth_held(self) -> dict[str, int]:
-        """Bits per second of each HCA the prepared claims hold: every offered HCA (at 0
-        when none), and an HCA gone from the offer while a claim still holds it."""
-        held = dict.fromkeys(self.offer.bandwidth(), 0)
-        for claim in self.claims.prepared.values():
-            for d in claim.devices:
-                if d.device != NODE_DEVICE:  # it gives every HCA and holds none of them
-                    held[d.hca] = held.get(d.hca, 0) + d.bandwidth
-        return held
+    def preparer(self) -> ClaimPreparer:
+        return self._started().preparer
 
     @property
-    def registered(self) -> bool:
-        return self.sockets.registered
-
-    @property
-    def registrations(self) -> int:
-        return self.sockets.registrations
-
-    @property
-    def offer(self) -> DeviceOffer:
-        return self._offer
-
-    @property
-    def publish_stats(self) -> Stats:
-        """What the slice publisher did (nothing before start)."""
-        return self.publisher.stats if self.publisher is not None else Stats()
-
-    @property
-    def publish_error(self) -> str | None:
-        """Why the last publish pass failed; None after a good one."""
-        return self.publish_stats.error
-
-    @property
-    def published(self) -> asyncio.Event:
-        """Set after every successful publish pass (the publisher's, made at start)."""
-        assert self.publisher is not None, "the driver is not started"
-        return self.publisher.published
-
-    @property
-    def publish_passes(self) -> int:
-        """Successful publish passes, written or not."""
-        return self.publish_stats.passes
-
-    @property
-    def published_since_start(self) -> bool:
-        return self.publish_passes > 0
-
-    @property
-    def ready(self) -> bool:
-        """Registered with the kubelet, and a slice published since start."""
-        return self.registered and self.published_since_start
-
-    @property
-    def api_requests(self) -> dict[tuple[str, str, str], int]:
-        """What the API client sent, by (resource, verb, code): a copy, for /metrics."""
-        if isinstance(self._api, SliceApi):
-            return dict(self._api.tally.requests)
-        return {key: 0 for key in KNOWN_REQUESTS}  # not connected yet: the series at 0
-
-    @property
-    def api_wait_seconds(self) -> dict[str, float]:
-        """Seconds spent waiting for a token, by budget: a copy, for /metrics."""
-        if isinstance(self._api, SliceApi):
-            return dict(self._api.tally.waited)
-        return dict.fromkeys(BUDGETS, 0.0)
-
-    @property
-    def file_stalls(self) -> int:
-        """Reads and writes of the driver's files that passed their deadline, ever."""
-        return self._files.stalls_total
+    def status_writer(self) -> ClaimStatusWriter | None:
+        return self._started().status_writer
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """The driver's running tasks, for the daemon's supervisor."""
-        return [*self._tasks, *self.sockets.tasks, *self.claims.tasks]
+        run = self._running
+        return [] if run is None else [*run.helper.tasks, *run.tasks]
 
-    @property
-    def idle(self) -> bool:
-        """No publish pass running or due (tests and benchmarks wait for this)."""
-        return self.publisher is None or self.publisher.idle
+    def _started(self) -> _Running:
+        if self._running is None:
+            raise RuntimeError("the DRA driver is not started")
+        return self._running
+
+    def stats(self) -> DraStats:
+        run = self._running
+        publish = run.helper.publisher.stats if run is not None else Stats()
+        prepared: Mapping[str, PreparedClaim] = run.preparer.prepared if run else {}
+        api = run.api if run is not None else None
+        return DraStats(
+            registered=run is not None and run.helper.sockets.registered,
+            registrations=run.helper.sockets.registrations if run else 0,
+            prepared_claims=len(prepared),
+            publish_error=publish.error,
+            published=publish.passes > 0,
+            idle=run is None or run.helper.publisher.idle,
+            prepares=dict(run.helper.prepare_results) if run else {"ok": 0, "error": 0},
+            unprepares=dict(run.helper.unprepare_results) if run else {"ok": 0, "error": 0},
+            prepare_seconds=(run.helper.prepare_seconds.counts() if run
+                             else HistogramCounts()),
+            bandwidth_capacity=self.offering.offer.bandwidth(),
+            bandwidth_held=self.offering.bandwidth_held(prepared),
+            # Not connected yet: the series at 0.
+            api_requests=(dict(api.tally.requests) if isinstance(api, SliceApi)
+                          else {key: 0 for key in KNOWN_REQUESTS}),
+            api_wait_seconds=(dict(api.tally.waited) if isinstance(api, SliceApi)
+                              else dict.fromkeys(BUDGETS, 0.0)),
+            file_stalls=self._files.stalls_total,
+        )
 
     # --- life cycle ------------------------------------------------------------------
 
-    async def start(self, inventory: NodeInventory | None = None) -> None:
-        check_config(self.config)
-        if self._api is None:
-            try:
-                self._api = await SliceApi.connect(self.config.kubeconfig,
-                                                   self.config.read_deadline,
-                                                   qps=self.config.api_qps,
-                                                   burst=self.config.api_burst,
-                                                   claim_qps=self.config.claim_api_qps,
-                                                   claim_burst=self.config.claim_api_burst,
-                                                   off=self._files)
-            except KubeApiError as exc:
-                # The message names what serve accepts and tried (rdma_hca.kube.credentials).
-                raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
-        if self.events is None and self._own_api and isinstance(self._api, SliceApi):
-            client = await connect_events_client(self._api.client.creds, off=self._files)
-            self.events = EventRecorder(client, controller=CONTROLLER,
-                                        instance=self.config.node_name,
-                                        close_client=client.close)
-            self.events.start()
-            self._own_events = True
-        if self.events is not None:
-            self.claim_events = ClaimEvents(self.events, self.config.node_name)
-            self.claims.on_prepare_failed = self.claim_events.prepare_failed
-        await self.claims.load()
-        self.claims.start()
-        self.claims.api = self._api
-        if self._write_status and isinstance(self._api, SliceApi):
-            self._hook_status(self._api)
-        self.publisher = SlicePublisher(self._api, self.config.driver_name,
-                                        self.config.node_name, self.config.pool_name,
-                                        desired=self._offer, taints=self.config.device_taints,
-                                        resync=self.config.resync_seconds,
-                                        start_jitter=self.config.start_jitter_seconds)
+    async def start(self, inventory: NodeInventory | None = None, *,
+                    events: EventRecorder | None = None) -> None:
+        """``events``: the daemon's recorder for the claims' Events; without one the
+        driver makes its own (with the API client it makes itself), on a budget apart."""
+        options = HelperOptions.from_config(self.config)
+        options.check()
+        api = self._given_api or await self._connect()
+        own_events: EventRecorder | None = None
+        checkpoint = Checkpoint(self.config.checkpoint, self.config.lock_path,
+                                deadline=self.config.read_deadline)
+        try:
+            if events is None and self._given_api is None and isinstance(api, SliceApi):
+                client = await connect_events_client(api.client.creds, off=self._files)
+                own_events = events = EventRecorder(client, controller=CONTROLLER,
+                                                    instance=self.config.node_name,
+                                                    close_client=client.close)
+                own_events.start()
+            self._events = events
+            prepared = await recover(self.config, checkpoint, self._files)
+        except BaseException:
+            # Nothing is left running of a start that did not finish.
+            checkpoint.close()
+            if own_events is not None:
+                await own_events.close()
+                self._events = None
+            if self._given_api is None:
+                with contextlib.suppress(Exception):
+                    await api.close()
+            raise
+        claim_events = (ClaimEvents(events, self.config.node_name) if events is not None
+                        else None)
+        status_writer = self._status_writer(api, claim_events)
+        hooks = (ClaimHooks(functools.partial(_prepared_hook, status_writer),
+                            status_writer.on_unprepared)
+                 if status_writer is not None
+                 else ClaimHooks(self._on_prepared, self._on_unprepared))
+        preparer = ClaimPreparer(self.config, self._files, checkpoint, prepared=prepared,
+                                 offer=lambda: self.offering.offer, hooks=hooks)
+        tasks = []
+        if options.rolling:
+            # Another instance may write the checkpoint: follow its writes.
+            follower = CheckpointFollower(checkpoint, self._files.run, preparer.on_followed,
+                                          backstop=self.config.socket_check_seconds)
+            tasks.append(asyncio.create_task(follower.run(), name="dra-checkpoint-watch"))
+        helper = Helper(options, HelperParts(
+            plugin=preparer, api=api, records=checkpoint, io=self._files,
+            desired=self.offering.offer, board=self.board,
+            on_prepare_failed=claim_events.prepare_failed if claim_events else None))
+        self._running = _Running(api, checkpoint, preparer, helper, tasks, status_writer,
+                                 own_events)
+        if status_writer is not None:
+            status_writer.start()  # what the last instance left unwritten
         if inventory is not None:
             await self.update(inventory)
+        await helper.start()
+
+    async def _connect(self) -> SliceApi:
         try:
-            await self.sockets.start()
-        except SocketInUse as exc:  # another instance serves our sockets: exit status 2
-            raise DraConfigError(str(exc)) from None
-        self._tasks = [asyncio.create_task(self._publish_loop(), name="dra-publish")]
+            return await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline,
+                                          qps=self.config.api_qps, burst=self.config.api_burst,
+                                          claim_qps=self.config.claim_api_qps,
+                                          claim_burst=self.config.claim_api_burst,
+                                          off=self._files)
+        except KubeApiError as exc:
+            # The message names what serve accepts and tried (rdma_hca.kube.credentials).
+            raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
+
+    def _status_writer(self, api: DriverApi,
+                       claim_events: ClaimEvents | None) -> ClaimStatusWriter | None:
+        """Without hooks of the caller's, prepared claims get their status.devices entries."""
+        if self._on_prepared is not None or self._on_unprepared is not None:
+            return None
+        if not isinstance(api, SliceApi):
+            return None
+        return ClaimStatusWriter(api, self.config.driver_name,
+                                 sysfs_root=self.config.sysfs_root,
+                                 hca_of=lambda device: self.offering.offer.hcas.get(device),
+                                 files=self._files, prepared=self._prepared,
+                                 on_refused=(claim_events.status_refused
+                                             if claim_events is not None else None),
+                                 retry_after_max=self.config.status_retry_after_max_seconds)
+
+    def _prepared(self) -> Mapping[str, PreparedClaim]:
+        return self._running.preparer.prepared if self._running is not None else {}
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
 
-        Bounded: a task that does not end within STOP_WAIT is left behind (and named),
+        Bounded: a task that does not end within its wait is left behind (and named),
         so SIGTERM always ends with the sockets removed.
         """
-        tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT)
-            if pending:
-                log.error("DRA driver tasks still running after %g s: %s", STOP_WAIT,
-                          ", ".join(t.get_name() for t in pending))
-        await self.sockets.stop()
-        await self.claims.close()
-        if self.status_writer is not None:
-            await self.status_writer.close()
-        if self.events is not None and self._own_events:
-            await self.events.close()
-            self.events, self._own_events = None, False
-        if self._api is not None and self._own_api:
+        run, self._running = self._running, None
+        if run is None:
+            return
+        await run.helper.stop()
+        await cancel_all(run.tasks, within=STOP_WAIT, what="the checkpoint's follower")
+        await run.preparer.hooks.close()
+        run.checkpoint.close()
+        if run.status_writer is not None:
+            await run.status_writer.close()
+        if run.events is not None:
+            await run.events.close()
+            self._events = None
+        if self._given_api is None:
             with contextlib.suppress(Exception):
-                await self._api.close()
-            self._api = None
+                await run.api.close()
 
     async def update(self, inventory: NodeInventory) -> None:
         """Take a new inventory: the slice, the claims and the health streams follow it."""
-        hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
-        self._hcas = hcas
-        self._held = inventory.held
-        self.rdma_cm = inventory.rdma_cm
-        self._rebuild()
-        await self.board.set(self.offer.health())
+        offer = self.offering.update(inventory)
+        if self._running is not None:
+            self._running.helper.publish(offer)
+        await self.board.set(offer.health())
 
-    def _hook_status(self, api: SliceApi) -> None:
-        writer = ClaimStatusWriter(api, self.config.driver_name,
-                                   sysfs_root=self.config.sysfs_root,
-                                   hca_of=lambda device: self.offer.hcas.get(device),
-                                   files=self._files, prepared=lambda: self.claims.prepared,
-                                   on_refused=(self.claim_events.status_refused
-                                               if self.claim_events is not None else None),
-                                   retry_after_max=self.config.status_retry_after_max_seconds)
-        writer.start()  # what the last instance left unwritten
 
-        async def prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
-            await writer.on_prepared(ClaimRef(claim.namespace, claim.uid, claim.name), devices,
-                                     claim.source)
-
-        self.claims.on_prepared = prepared
-        self.claims.on_unprepared = writer.on_unprepared
-        self.status_writer = writer
-
-    def _build_offer(self, hcas: Sequence[Hca], rdma_cm: CharDevice | None,
-                     held: frozenset[str]) -> DeviceOffer:
-        return DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
-                                 self.config.device_taints, rdma_cm, held,
-                                 node_device_on=self.config.node_device,
-                                 default_bandwidth=self.config.default_bandwidth)
-
-    def _rebuild(self) -> None:
-        offer = self._build_offer(self._hcas, self.rdma_cm, self._held)
-        self.claims.hcas, self.claims.rdma_cm = offer.hcas, offer.rdma_cm
-        self.claims.groups = offer.groups
-        # Replaced even when the slice stays as it is: the health verdict also follows
-        # rdma_cm, which the slice does not show.
-        self._offer = offer
-        if self.publisher is not None:
-            self.publisher.update(offer)  # written when its devices changed
-
-    def _on_registered(self) -> None:
-        # A starting kubelet deleted this node's slices: look at the server's copy again.
-        if self.publisher is not None:
-            self.publisher.check()
-
-    # --- claims (the kubelet's calls) ------------------------------------------------
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        return await self.claims.prepare(claims)
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return await self.claims.unprepare(claims)
-
-    # --- publishing ------------------------------------------------------------------------
-
-    async def _publish_loop(self) -> None:
-        assert self.publisher is not None
-        await self.publisher.run()
+async def _prepared_hook(writer: ClaimStatusWriter, claim: Claim,
+                         devices: tuple[PreparedDevice, ...]) -> None:
+    await writer.on_prepared(claim.ref, devices, claim.source)

@@ -25,7 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rdma_hca.contract.dra import GROUP_VERSION
-from rdma_hca.daemon.dra.claimrecords import ClaimView, DeviceEntry, apply_body, parse_claim
+from rdma_hca.daemon.dra.claimrecords import (
+    ClaimView,
+    DeviceEntry,
+    apply_body,
+    parse_claim_view,
+)
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, read_credentials
 from rdma_hca.kube.credentials import CredentialSearch
@@ -132,7 +137,7 @@ class SliceApi:
 
     async def claim_for_status(self, namespace: str, name: str) -> ClaimView:
         """The claim again, for a status write: the driver's budget, after its slices."""
-        return parse_claim(await self.client.get(claim_path(namespace, name),
+        return parse_claim_view(await self.client.get(claim_path(namespace, name),
                                                  priority=Priority.LOW))
 
     async def apply_claim_status(self, namespace: str, name: str, uid: str,
@@ -145,7 +150,7 @@ class SliceApi:
             claim_path(namespace, name) + "/status",
             apply_body(namespace, name, uid, entries, GROUP_VERSION),
             field_manager=field_manager, priority=Priority.LOW)
-        return parse_claim(stored)
+        return parse_claim_view(stored)
 
     @property
     def tally(self) -> ApiTally:

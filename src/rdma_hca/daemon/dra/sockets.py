@@ -50,7 +50,10 @@ from typing import NoReturn
 import grpc
 
 from rdma_hca.daemon.dra.config import DRA_SOCKET, DriverConfig
-from rdma_hca.daemon.dra.service import RegistrationService, add_registration_service
+from rdma_hca.daemon.dra.kubeletplugin.services import (
+    RegistrationService,
+    add_registration_service,
+)
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.sayonce import Latch

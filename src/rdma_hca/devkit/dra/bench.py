@@ -169,8 +169,8 @@ async def port_down_latency(workdir: Path, runs: int) -> Figure:
                         poll_seconds=DEFAULT_POLL) as stage:
         if not await stage.until(lambda: bool(stage.devices())):
             return DRA_PORT_DOWN.failed("no slice was published")
-        assert stage.driver is not None and stage.driver.publisher is not None
-        spacing = stage.driver.publisher.damper.spacing
+        assert stage.driver is not None
+        spacing = stage.driver.helper.publisher.damper.spacing
         samples: list[float] = []
         for i in range(runs):
             hca = f"mlx5_{i % 8}"

@@ -57,18 +57,19 @@ def _published(stage: DraStage, hca: str, up: bool) -> Callable[[], bool]:
     """The driver saw the port as ``up`` and that offer is what the server holds."""
     def done() -> bool:
         driver = stage.driver
-        if driver is None or driver.publisher is None or not driver.idle:
+        if driver is None or not driver.tasks or not driver.stats().idle:
             return False
-        seen = [h for h in driver.offer.hcas.values() if h.name == hca]
+        offer = driver.offering.offer
+        seen = [h for h in offer.hcas.values() if h.name == hca]
         return (bool(seen) and seen[0].any_port_up == up
-                and driver.publisher.published_digest == driver.offer.digest)
+                and driver.helper.publisher.published_digest == offer.digest)
     return done
 
 
 async def _ready(stage: DraStage) -> bool:
     """Published, registered, and nothing pending: from here on, requests are the test's."""
     return (await stage.until(lambda: bool(stage.devices())) and await stage.registered()
-            and await stage.until(lambda: stage.driver is not None and stage.driver.idle))
+            and await stage.until(lambda: stage.driver is not None and stage.driver.stats().idle))
 
 
 async def requests_per_write(workdir: Path, changes: int) -> Figure:

@@ -98,17 +98,17 @@ async def burst(workdir: Path, pods: int) -> list[Figure]:
         outcomes = await asyncio.gather(*(_one(stage, f"pod{i}", i) for i in range(pods)))
         took = time.perf_counter() - start
         after: list[float] = []
-        claims_waited = (stage.driver.api_wait_seconds.get("claims", 0.0)
+        claims_waited = (stage.driver.stats().api_wait_seconds.get("claims", 0.0)
                          if stage.driver is not None else 0.0)
         for i in range(SAMPLES):
             seconds, error = await _one(stage, f"after{i}", i)
             after.append(seconds)
-        after_wait = ((stage.driver.api_wait_seconds.get("claims", 0.0) - claims_waited)
+        after_wait = ((stage.driver.stats().api_wait_seconds.get("claims", 0.0) - claims_waited)
                       / SAMPLES if stage.driver is not None else 0.0)
         gets = _claim_gets(stage.api, mark)
         written = await stage.until(lambda: _written(stage.api, names), timeout=120.0)
         status_s = time.perf_counter() - start
-        waited = stage.driver.api_wait_seconds if stage.driver is not None else {}
+        waited = stage.driver.stats().api_wait_seconds if stage.driver is not None else {}
     errors = [e for _, e in outcomes if e]
     slowest = max(s for s, _ in outcomes)
     note = (f"{pods} calls at once, one fresh claim each, default settings "

@@ -179,8 +179,8 @@ async def _shares(stage: DraStage, say: Any) -> None:
                if e.startswith("RDMA_HCA_BANDWIDTH=")]
         say(f"NodePrepareResources(training/{name}, asked {ask}) -> share of mlx5-0; "
             f"{env[0] if env else 'no RDMA_HCA_BANDWIDTH'}")
-    held = stage.driver.bandwidth_held["mlx5_0"]
-    total = stage.driver.bandwidth_capacity["mlx5_0"]
+    held = stage.driver.stats().bandwidth_held["mlx5_0"]
+    total = stage.driver.stats().bandwidth_capacity["mlx5_0"]
     say(f"rdma_hca_dra_bandwidth_held{{hca=\"mlx5_0\"}} {held:g} of "
         f"{total:g} ({_gbps(held)} of {_gbps(total)}): a third claim asking for bandwidth "
         "of mlx5-0 stays Pending (\"cannot allocate all claims\"); one asking none still fits")
@@ -189,7 +189,7 @@ async def _shares(stage: DraStage, say: Any) -> None:
     if errors:
         raise TimeoutError(f"unprepare failed: {errors[0]}")
     say(f"NodeUnprepareResources(both) -> held on mlx5_0: "
-        f"{_gbps(stage.driver.bandwidth_held['mlx5_0'])}")
+        f"{_gbps(stage.driver.stats().bandwidth_held['mlx5_0'])}")
     say()
 
 

@@ -37,7 +37,8 @@ class DraStage:
                  env: EnvSettings | None = None, health_retry: float = 0.2,
                  kubelet_wipes: bool = True, poll_seconds: float = 0.05, pod_uid: str = "",
                  root: str | None = None, flap_hold_seconds: float | None = None,
-                 config: Callable[[DriverConfig], DriverConfig] | None = None) -> None:
+                 config: Callable[[DriverConfig], DriverConfig] | None = None,
+                 driver: Callable[[DriverConfig], DraDriver] = DraDriver) -> None:
         self.node = node
         self.workdir = workdir
         self.node_name = node_name
@@ -51,6 +52,7 @@ class DraStage:
         self._mode = mode
         self._env = env or EnvSettings()
         self._tune = config
+        self._make_driver = driver
         self._health_retry = health_retry
         self._kubelet_wipes = kubelet_wipes
         self._poll_seconds = poll_seconds
@@ -100,7 +102,7 @@ class DraStage:
             shutil.rmtree(self.root, ignore_errors=True)
 
     async def start_driver(self) -> DraDriver:
-        driver = DraDriver(self.config())
+        driver = self._make_driver(self.config())
         reader = NodeReader(self.node.sysfs_root, self.node.dev_root, deadline=5.0)
         watcher = HealthWatcher([], reader, poll_seconds=self._poll_seconds,
                                 flap_hold_seconds=self._flap_hold, events=None)
@@ -149,7 +151,7 @@ class DraStage:
         """Wait until the driver's hooks ran and its claim status queue is empty: status
         is written off the pod's path, after Prepare answered."""
         assert self.driver is not None
-        await self.driver.claims.hooks_done()
+        await self.driver.preparer.hooks.done()
         if self.driver.status_writer is not None:
             await asyncio.wait_for(self.driver.status_writer.drained(), timeout)
 

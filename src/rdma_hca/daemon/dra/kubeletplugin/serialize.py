@@ -1,0 +1,75 @@
+"""Each claim's calls one at a time: in this process and across instances of the driver.
+
+An asyncio lock per claim in this process, and a record lock in ``claims.lock`` (the
+file every instance on the node shares) against another instance during a rolling
+update. Claims are independent, so nothing here is global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from rdma_hca.daemon.dra.claims import ClaimError
+from rdma_hca.kit.offloop import OffLoop
+
+LOCK_RETRY_FIRST = 0.005
+LOCK_RETRY_MAX = 0.1
+
+
+class RecordLocks(Protocol):
+    """The claims' record locks in the shared lock file (blocking calls, run off the loop)."""
+
+    def try_lock_claim(self, uid: str) -> bool: ...
+    def unlock_claim(self, uid: str) -> None: ...
+
+
+class ClaimLocks:
+    """``async with locks.held(uid)``: the claim's lock here and across instances."""
+
+    def __init__(self, records: RecordLocks, io: OffLoop, *, wait: float, lock_path: str) -> None:
+        self._records = records
+        self._io = io
+        self._wait = wait
+        self._lock_path = lock_path
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: dict[str, int] = {}
+        self.lock_waits = 0  # times a claim's lock was held by another instance
+
+    @contextlib.asynccontextmanager
+    async def held(self, uid: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        self._users[uid] = self._users.get(uid, 0) + 1
+        try:
+            async with lock:
+                await self._lock_across_instances(uid)
+                try:
+                    yield
+                finally:
+                    await self._io.run(f"unlocking claim {uid}",
+                                    lambda: self._records.unlock_claim(uid))
+        finally:
+            self._users[uid] -= 1
+            if not self._users[uid]:
+                del self._users[uid]
+                del self._locks[uid]
+
+    async def _lock_across_instances(self, uid: str) -> None:
+        """The claim's record lock, waited for at most one read deadline.
+
+        Tried without blocking, again and again: a thread blocked in ``lockf`` could not
+        be given up on, and would take the lock after we had stopped waiting for it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait
+        delay = LOCK_RETRY_FIRST
+        while not await self._io.run(f"locking claim {uid}",
+                                  lambda: self._records.try_lock_claim(uid)):
+            self.lock_waits += 1
+            if loop.time() >= deadline:
+                raise ClaimError(f"another instance of the driver has been working on this "
+                                 f"claim for {self._wait:g} s (its lock in {self._lock_path})")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LOCK_RETRY_MAX)

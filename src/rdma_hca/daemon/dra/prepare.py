@@ -1,0 +1,307 @@
+"""Preparing and unpreparing claims: typed claims in, CDI specs and checkpoint out.
+
+The driver proper behind the helper's seam (``kubeletplugin.plugin.DriverPlugin``): the
+helper has fetched and checked each claim and holds its lock. Here in exclusive mode
+each device is under a lock too. Whatever a Prepare writes is undone when it fails: a
+claim is prepared when both its CDI spec and its checkpoint entry are on disk, or
+neither is. During a rolling update the checkpoint is read again under the claim's
+lock, since the other instance may have prepared or unprepared the claim meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rdma_hca.contract.cdi import cdi_id
+from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract.dra import BANDWIDTH
+from rdma_hca.daemon.dra import files, metadata
+from rdma_hca.daemon.dra.checkpoint import Checkpoint
+from rdma_hca.daemon.dra.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, claim_field
+from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.groupcommit import GroupCommit
+from rdma_hca.daemon.dra.hooks import ClaimHooks
+from rdma_hca.daemon.dra.kubeletplugin.plugin import PrepareResult
+from rdma_hca.daemon.offer.shared import every_usable
+from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kit.quantity import QuantityError, parse_quantity
+from rdma_hca.kit.text import short_repr
+from rdma_hca.node.model import Hca
+from rdma_hca.settings.model import Mode
+
+log = logging.getLogger(__name__)
+
+
+def _bandwidth(r: AllocatedDevice, driver: str) -> int:
+    """Bits per second of the device's bandwidth the share consumed (0: none asked)."""
+    text = r.consumed.get(f"{driver}/{BANDWIDTH}")
+    if text is None:
+        return 0
+    try:
+        bits = int(parse_quantity(text))  # whole bits, rounded up as the API's Value()
+    except QuantityError as exc:
+        raise ClaimError(f"the allocation of device {r.device} consumed {text!r} of "
+                         f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}") from exc
+    if bits < 0:
+        raise ClaimError(f"the allocation of device {r.device} consumed a negative "
+                         f"{driver}/{BANDWIDTH} ({text})")
+    return bits
+
+
+class ClaimPreparer:
+    """The driver proper: what this instance prepared, and prepare/unprepare."""
+
+    def __init__(self, config: DriverConfig, io: OffLoop, checkpoint: Checkpoint, *,
+                 prepared: Claims, offer: Callable[[], DeviceOffer], hooks: ClaimHooks) -> None:
+        """``prepared``: what recovery found at start; ``offer``: the devices offered now
+        (their HCAs, the node-wide device's group, rdma_cm); ``hooks``: told of each claim
+        prepared and unprepared, after the call answered."""
+        self.config = config
+        self.checkpoint = checkpoint
+        self.prepared: Claims = dict(prepared)
+        self.commits = GroupCommit(checkpoint, io.run, lambda: self.prepared)
+        self.hooks = hooks
+        self._io = io
+        self._offer = offer
+        self._verified: set[str] = set()  # claims whose spec this process wrote or saw
+        self._device_locks: dict[str, asyncio.Lock] = {}
+        self.device_waits = 0  # times an exclusive device was busy with another claim
+        self.foreign_writes = 0  # checkpoint writes by another instance seen
+
+    @property
+    def _rolling(self) -> bool:
+        """Another instance may share the checkpoint (a rolling update is possible)."""
+        return bool(self.config.pod_uid)
+
+    def on_followed(self, claims: Claims | None, foreign: bool) -> None:
+        """A version of the checkpoint (None: unreadable), written by another instance?"""
+        if foreign:
+            # What this instance prepared may have been unprepared by the other one.
+            self.foreign_writes += 1
+            self._verified.clear()
+        if claims is not None:
+            self.prepared = claims
+
+    # --- the seam ---------------------------------------------------------------------
+
+    def answered(self, uid: str) -> PrepareResult | None:
+        known = self.prepared.get(uid)
+        if known is not None and uid in self._verified:
+            return PrepareResult(known.devices)
+        return None
+
+    def recorded(self, uid: str) -> bool:
+        # Beside another instance any claim may be in the shared checkpoint: it is read
+        # again under the claim's lock, and the claim fetched only when it is not there.
+        return self._rolling or uid in self.prepared
+
+    async def prepare(self, claims: Sequence[Claim | ClaimRef]) -> dict[str, PrepareResult]:
+        results = await asyncio.gather(*(self._prepare(c) for c in claims))
+        return {c.uid: r for c, r in zip(claims, results, strict=True) if r is not None}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        errors = await asyncio.gather(*(self._unprepare(r) for r in claims))
+        return {r.uid: e for r, e in zip(claims, errors, strict=True)}
+
+    # --- prepare ----------------------------------------------------------------------
+
+    async def _prepare(self, claim: Claim | ClaimRef) -> PrepareResult | None:
+        try:
+            return await self._prepare_one(claim)
+        except Exception as exc:
+            return PrepareResult(error=str(exc) or type(exc).__name__)
+
+    async def _prepare_one(self, claim: Claim | ClaimRef) -> PrepareResult | None:
+        uid = claim.uid
+        known = self.prepared.get(uid)
+        if self._rolling:
+            # The other instance may have prepared (or unprepared) it meanwhile.
+            on_disk, _ = await self._io.run(f"reading the checkpoint {self.config.checkpoint}",
+                                            self.checkpoint.read)
+            known = on_disk.get(uid)
+            if known is None:
+                self.prepared.pop(uid, None)
+            else:
+                self.prepared[uid] = known
+        if known is not None:
+            await self._ensure_spec(uid, known)
+            self._verified.add(uid)
+            return PrepareResult(known.devices)
+        if not isinstance(claim, Claim):
+            return None  # its record is gone: the helper reads the claim
+        prepared, hcas = self._plan(claim)
+        meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
+        spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
+
+        def write_files() -> None:
+            metadata.write(meta)  # before the spec that mounts them
+            try:
+                files.write_claim_spec(spec_dir, driver, uid, spec)
+            except BaseException:
+                metadata.undo(meta)
+                raise
+
+        def undo_files() -> None:
+            files.remove_claim_spec(spec_dir, driver, uid)
+            metadata.undo(meta)
+
+        async with self._devices_locked([d.device for d in prepared.devices]):
+            try:
+                await self._io.run(f"writing the CDI spec of claim {uid}", write_files)
+                try:
+                    # Answered once the entry is durable, in the batch of its moment.
+                    await self.commits.apply(lambda c: c.__setitem__(uid, prepared))
+                except BaseException:
+                    # Without its checkpoint entry a restart would forget the claim: undo.
+                    await self._io.run(f"removing the CDI spec of claim {uid}", undo_files)
+                    raise
+            except OSError as exc:
+                raise ClaimError(f"cannot write the CDI spec or the checkpoint: {exc}") from exc
+        self.prepared[uid] = prepared
+        self._verified.add(uid)
+        log.info("claim %s/%s prepared: %s", claim.namespace, claim.name,
+                 ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices),
+                 extra={"claim": claim_field(claim.ref)})
+        self.hooks.prepared(claim, prepared.devices)
+        return PrepareResult(prepared.devices)
+
+    @contextlib.asynccontextmanager
+    async def _devices_locked(self, devices: Sequence[str]) -> AsyncIterator[None]:
+        """In exclusive mode a device is in one claim at a time: its claims take turns."""
+        if self.config.mode is not Mode.EXCLUSIVE:
+            yield
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            for name in sorted(set(devices)):  # one order everywhere: no deadlock
+                lock = self._device_locks.setdefault(name, asyncio.Lock())
+                if lock.locked():
+                    self.device_waits += 1
+                await stack.enter_async_context(lock)
+            yield
+
+    def _plan(self, claim: Claim) -> tuple[PreparedClaim, dict[str, tuple[Hca, ...]]]:
+        driver, pool = self.config.driver_name, self.config.pool_name
+        ours = claim.of(driver)
+        if not ours:
+            raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
+                             f"driver {driver} allocated")
+        hcas: dict[str, tuple[Hca, ...]] = {}
+        devices: dict[str, PreparedDevice] = {}
+        for r in ours:
+            if r.pool != pool:
+                raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
+                                 f"from this node's pool {pool}")
+            if r.device not in hcas:
+                hcas[r.device] = self._hcas_of(r.device, None)
+            shares = (Share(r.share_id, _bandwidth(r, driver)),) if r.share_id else ()
+            known = devices.get(r.device)
+            if known is None:
+                devices[r.device] = PreparedDevice(
+                    (r.request,), pool, r.device, ",".join(h.name for h in hcas[r.device]),
+                    (cdi_id(driver, claim.uid, r.device),), shares)
+            else:
+                # A shared device can be in one claim twice (two requests, or rdma/hca: 2
+                # on the node-wide device; each with its share ID): one CDI device for every
+                # request that got it, holding what all of them consumed.
+                devices[r.device] = replace(
+                    known, request_names=tuple(dict.fromkeys((*known.request_names,
+                                                              r.request))),
+                    shares=known.shares + shares)
+        return PreparedClaim(claim.namespace, claim.name, tuple(devices.values())), hcas
+
+    def _hcas_of(self, device: str, hca_name: str | None) -> tuple[Hca, ...]:
+        """The HCAs a device gives: its own, or for the node-wide device every usable HCA
+        now (``offer.shared``: what a device plugin slot gives)."""
+        group = self._offer().groups.get(device)
+        if group is None:
+            return (self._hca(device, hca_name),)
+        usable = every_usable(group)
+        if not usable:
+            why = "; ".join(p for h in group for p in h.problems) or "no verbs device node"
+            raise ClaimError(f"device {device} stands for every HCA of this node, and none "
+                             f"can be used now: {why}")
+        return usable
+
+    def _hca(self, device: str, hca_name: str | None) -> Hca:
+        hca = self._offer().hcas.get(device)
+        if hca is None or (hca_name is not None and hca.name != hca_name):
+            raise ClaimError(f"device {device} ({hca_name or 'HCA'}) is no longer on this node")
+        if not hca.usable:
+            raise ClaimError(f"device {device} ({hca.name}) cannot be used: "
+                             f"{'; '.join(hca.problems) or 'its verbs device node is missing'}")
+        return hca
+
+    async def _ensure_spec(self, uid: str, claim: PreparedClaim) -> None:
+        """/var/run is a tmpfs: after a reboot the spec is gone but the claim is not."""
+        driver, spec_dir = self.config.driver_name, self.config.cdi_spec_dir
+        path = files.cdi_spec_path(spec_dir, driver, uid)
+        if await self._io.run(f"looking for {path}", lambda: os.path.exists(path)):
+            return
+        hcas = {d.device: self._hcas_of(d.device, d.hca) for d in claim.devices}
+        pod_claim = (await self._io.run(
+            "reading the device metadata of claim " + uid,
+            lambda: metadata.written_pod_claim(self.config.plugin_dir, claim))
+            if metadata.versions(self.config.device_metadata) else None)
+        meta, spec = self._files_of(uid, claim, hcas, pod_claim)
+
+        def write() -> None:
+            metadata.write(meta)
+            files.write_claim_spec(spec_dir, driver, uid, spec)
+
+        await self._io.run(f"writing {path}", write)
+
+    def _files_of(self, uid: str, claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]],
+                  pod_claim: str | None) -> tuple[metadata.Plan, dict[str, Any]]:
+        """A claim's device metadata files and its CDI spec, from one env (the spec's
+        devices set it, and the metadata files repeat it)."""
+        offer = self._offer()
+        every = {h.name: h for hs in hcas.values() for h in hs}
+        env = files.claim_env(list(every.values()), self.config.env, claim)
+        meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
+                             self.config.plugin_dir, uid, claim, hcas, env, pod_claim,
+                             offer.groups.keys())
+        spec = files.claim_spec(self.config.driver_name, uid, claim, hcas, offer.rdma_cm, env,
+                                meta.mounts)
+        return meta, spec
+
+    # --- unprepare --------------------------------------------------------------------
+
+    async def _unprepare(self, ref: ClaimRef) -> str:
+        uid = ref.uid
+        driver, spec_dir = self.config.driver_name, self.config.cdi_spec_dir
+        known_here = uid in self.prepared
+
+        def remove_files() -> None:
+            # Removed even when unknown: a crash may fall between spec and checkpoint.
+            files.remove_claim_spec(spec_dir, driver, uid)
+            metadata.remove(self.config.plugin_dir, ref.namespace, ref.name, uid)
+
+        def drop(claims: Claims) -> bool:
+            return claims.pop(uid, None) is not None
+
+        known = self.prepared.get(uid)
+        devices = [d.device for d in known.devices] if known is not None else []
+        try:
+            async with self._devices_locked(devices):
+                await self._io.run(f"removing the CDI spec of claim {uid}", remove_files)
+                was = (await self.commits.apply(drop)
+                       if known_here or self._rolling else False)
+        except Exception as exc:
+            log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
+                        short_repr(ref.name), short_repr(uid), exc,
+                        extra={"claim": claim_field(ref)})
+            return f"cannot remove the CDI spec or the checkpoint entry: {exc}"
+        had = self.prepared.pop(uid, None) is not None
+        self._verified.discard(uid)
+        if had or was:
+            log.info("claim %s/%s unprepared", ref.namespace, ref.name,
+                     extra={"claim": claim_field(ref)})
+            self.hooks.unprepared(ref)
+        return ""
