@@ -7,6 +7,7 @@ HTTP endpoints are reached over loopback TCP.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from test_serve_process import http_get
 
 from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.observe.status import Status
+from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.machine import Glance
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
@@ -182,3 +184,27 @@ def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
         assert any(o is later for o in gc.get_objects())
     finally:
         gc.unfreeze()  # the other tests' objects go back where they were
+
+
+async def test_a_task_that_gave_way_to_another_instance_is_said_in_its_own_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from rdma_hca.daemon.dra.sockets import SocketTaken
+
+    async def gives_way() -> None:
+        await asyncio.sleep(0)
+        raise SocketTaken("dra.sock was replaced by a socket another instance serves (pid 7)")
+
+    supervisor = Supervisor()
+    task = supervisor.spawn("dra-sockets", gives_way())
+    await asyncio.wait_for(supervisor.failed.wait(), 5)
+    assert task.done() and supervisor.dead == ["dra-sockets"]
+    assert supervisor.gave_way is not None and "pid 7" in supervisor.gave_way
+    # No traceback, nothing critical: the task said why itself; nothing broke here.
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    # Any other ending is still a death with its traceback, and gave_way says nothing of it.
+    other = Supervisor()
+    other.spawn("boom", boom())
+    await asyncio.wait_for(other.failed.wait(), 5)
+    assert other.gave_way is None
+    (died,) = [r for r in caplog.records if "task boom failed" in r.getMessage()]
+    assert died.exc_info is not None

@@ -98,6 +98,32 @@ def test_dra_beside_the_device_plugin(render: RenderFn) -> None:
         "claimApiQps": 50, "claimApiBurst": 100, "resyncSeconds": 60, "startJitterSeconds": 5}
 
 
+def test_the_status_retry_after_cap_reaches_the_daemon(render: RenderFn, helm: Path,
+                                                     tmp_path: Path) -> None:
+    from rdma_hca.settings.config import load_settings
+
+    assert config(render(ALONE))["dra"]["statusRetryAfterMaxSeconds"] == 60
+    written = config(render({**ALONE, "dra.statusRetryAfterMaxSeconds": "120"}))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(written))
+    assert load_settings(str(path), {}, {}).dra.status_retry_after_max_seconds == 120.0
+    # Values reused from a chart without the key keep the daemon's default.
+    chart = tmp_path / CHART.name
+    shutil.copytree(CHART, chart)
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    del values["dra"]["statusRetryAfterMaxSeconds"]
+    (chart / "values.yaml").write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", "x", str(chart), *set_args(ALONE))
+    assert result.returncode == 0, result.stderr
+    assert config([d for d in yaml.safe_load_all(result.stdout) if d])["dra"][
+        "statusRetryAfterMaxSeconds"] == 60
+    # The daemon's bounds, refused at install.
+    for bad in ("0", "3601"):
+        result = run_helm(helm, "template", "x", str(CHART), *set_args(ALONE),
+                          "--set", f"dra.statusRetryAfterMaxSeconds={bad}")
+        assert result.returncode != 0 and "statusRetryAfterMaxSeconds" in result.stderr
+
+
 def test_cdi_spec_dir_is_mounted_once_with_or_without_cdi(render: RenderFn) -> None:
     for extra in ({}, {"cdi.enabled": "true"}):
         objs = render({**ALONE, **extra, "cdi.specDir": "/etc/cdi"})

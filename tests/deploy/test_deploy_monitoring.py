@@ -348,7 +348,10 @@ def test_the_dashboard_follows_the_conventions() -> None:
                    "rdma_hca_dra_bandwidth_held",
                    "rdma_hca_dra_bandwidth_capacity",
                    "rdma_hca_api_requests_total",
-                   "rdma_hca_api_rate_limit_wait_seconds_total"):
+                   "rdma_hca_api_rate_limit_wait_seconds_total",
+                   "rdma_hca_dra_claim_status_pending",
+                   "rdma_hca_dra_claim_status_refused_total",
+                   "rdma_hca_dra_claim_status_dropped_total"):
         assert wanted in queries, f"no panel shows {wanted}"
     assert len(by_title) == len(panels), "two panels with one title"
     # Panels do not overlap.

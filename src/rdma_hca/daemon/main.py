@@ -6,7 +6,8 @@ the same statuses and one line. SIGHUP asks for a rescan
 (rediscover the node now and check the kubelet's socket and ours), never a reload:
 the configuration comes from a ConfigMap whose checksum annotation rolls the pods.
 A root task that dies stops the daemon with exit status 1; an HTTP address that
-cannot be listened on is a configuration error (exit 2).
+cannot be listened on is a configuration error (exit 2), and so is another instance
+serving the DRA driver's socket, met at start or taken while running.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def serve(settings: Settings) -> int:
             # Found only once the node is known (e.g. an HCA both DRA and a pool select).
             log.error("config error: %s", exc)
             return EXIT_USAGE
+        if daemon.supervisor.gave_way is not None:
+            return EXIT_USAGE  # as when the start meets the other instance
         if daemon.failed:
             return EXIT_TASK_DIED
         return EXIT_INTERRUPTED if stopped_by[:1] == [signal.SIGINT] else EXIT_OK

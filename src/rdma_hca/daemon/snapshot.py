@@ -97,5 +97,8 @@ class StatusSnapshot:
                 bandwidth_held=dra.bandwidth_held,
                 api_requests=dra.api_requests,
                 api_wait_seconds=dra.api_wait_seconds,
+                status_refused=dra.status_refused,
+                status_dropped=dra.status_dropped,
+                status_pending=dra.status_pending,
             ),
         )

@@ -11,6 +11,12 @@ spaces the restarts; and a restart is visible (`kubectl get pods` counts them, t
 previous container's log holds the traceback) where a task quietly restarted
 inside the process is not. Until the process has stopped, ``/healthz`` answers 503
 naming the dead task, so the liveness probe agrees.
+
+One task may end on purpose: the DRA driver's sockets, when another live instance took
+the DRA socket's path while this one ran (:class:`SocketTaken`). It gave way rather than
+fight, and said so in one line naming the other instance; the daemon then stops with the
+exit status of the same contest met at start (2: the operator must stop one instance or
+give each its POD_UID), without a traceback, since nothing is broken in this process.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
+from rdma_hca.daemon.dra.sockets import SocketTaken
+
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
     def __init__(self) -> None:
         self.dead: list[str] = []
+        # Why this instance gave way to another (the DRA socket taken), once it has.
+        self.gave_way: str | None = None
         self.failed = asyncio.Event()
         self._stopping = False
 
@@ -51,7 +61,11 @@ class Supervisor:
     def _died(self, task: asyncio.Task[Any], exc: BaseException | None, how: str) -> None:
         name = task.get_name()
         self.dead.append(name)
-        if exc is not None:
+        if isinstance(exc, SocketTaken):
+            # Said already, in one line naming the other instance.
+            self.gave_way = str(exc)
+            log.info("task %s ended: another instance serves the DRA driver; stopping", name)
+        elif exc is not None:
             log.critical("task %s %s; stopping so that the pod is restarted", name, how,
                          exc_info=(type(exc), exc, exc.__traceback__))
         else:

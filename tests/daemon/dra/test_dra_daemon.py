@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_serve_process import metric_samples
 
+from rdma_hca.daemon.dra.claimstatus import REFUSALS
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
@@ -99,6 +101,68 @@ async def test_dra_alone_publishes_registers_and_reports(
         await kubelet.stop()
     registry = os.path.join(kubelet_root, "plugins_registry")
     assert not [n for n in os.listdir(registry) if n.endswith(".sock")]
+
+
+async def test_the_claim_status_writers_counts_are_in_the_daemons_metrics(
+        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused and dropped status writes, and claims whose write is still to go out, as
+    /metrics of the daemon shows them: at 0 from the start, then as the API server does."""
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    kubelet = DraKubelet(kubelet_root, NODE)
+    await kubelet.start()
+    daemon = Daemon(_settings(dra_node, kubelet_root, tmp_path), netlink=False)
+
+    async def sample(name: str) -> float:
+        assert daemon.http is not None
+        _, text = await asyncio.to_thread(_get, f"http://127.0.0.1:{daemon.http.bound_port}"
+                                                "/metrics")
+        ((labels, value),) = metric_samples(text)[name]
+        assert labels == {}
+        return value
+
+    async def prepare(name: str) -> None:
+        uid = api.add_claim("ns", name, [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-0"}])
+        assert kubelet is not None
+        answer = await kubelet.prepare(DRIVER, [("ns", uid, name)])
+        assert answer.claims[uid].error == ""
+
+    async def until(name: str, value: float) -> bool:
+        for _ in range(400):
+            if await sample(name) == value:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    refused = "rdma_hca_dra_claim_status_refused_total"
+    dropped = "rdma_hca_dra_claim_status_dropped_total"
+    pending = "rdma_hca_dra_claim_status_pending"
+    try:
+        await daemon.start()
+        assert await kubelet.wait_registered(DRIVER)
+        for name in (refused, dropped, pending):
+            assert await sample(name) == 0.0, name
+        # A 4xx: the same state sent a few times, each refusal counted; others go on.
+        api.fail(422, method="PATCH", path="/bad/status", times=100)
+        await prepare("bad")
+        assert await until(refused, float(REFUSALS))
+        # The feature gate off: the entries come back dropped.
+        api.cluster.claim_device_status = False
+        await prepare("off")
+        assert await until(dropped, 1.0)
+        api.cluster.claim_device_status = True
+        # A write the API server holds unanswered is pending until it is answered.
+        slow = api.hold(method="PATCH", path="/slow/status")
+        await prepare("slow")
+        assert await until(pending, 1.0)
+        slow.release()
+        assert await until(pending, 0.0)
+        assert len(api.claim("ns", "slow")["status"]["devices"]) == 1
+        assert await sample(refused) == float(REFUSALS) and await sample(dropped) == 1.0
+    finally:
+        await daemon.stop()
+        await kubelet.stop()
 
 
 async def test_an_hca_both_dra_and_a_pool_select_stops_the_start(

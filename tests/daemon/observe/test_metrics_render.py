@@ -128,3 +128,17 @@ def test_the_api_clients_counts_come_from_the_snapshot() -> None:
         ({"resource": "resourceslices", "verb": "update", "code": "<error>"}, 1.0)]
     assert s["rdma_hca_api_rate_limit_wait_seconds_total"] == [
         ({"budget": "claims"}, 0.0), ({"budget": "driver"}, 1.5)]
+
+
+def test_the_claim_status_writers_counts_come_from_the_snapshot() -> None:
+    assert "rdma_hca_dra_claim_status" not in render(STATUS).decode()  # DRA off
+    s = metric_samples(render(replace(STATUS, dra=DraStatus(True, 1, 0, None))).decode())
+    # At 0 from the start: the first refusal is an increase, not a new series.
+    assert s["rdma_hca_dra_claim_status_refused_total"] == [({}, 0.0)]
+    assert s["rdma_hca_dra_claim_status_dropped_total"] == [({}, 0.0)]
+    assert s["rdma_hca_dra_claim_status_pending"] == [({}, 0.0)]
+    dra = DraStatus(True, 1, 0, None, status_refused=3, status_dropped=2, status_pending=7)
+    s = metric_samples(render(replace(STATUS, dra=dra)).decode())
+    assert s["rdma_hca_dra_claim_status_refused_total"] == [({}, 3.0)]
+    assert s["rdma_hca_dra_claim_status_dropped_total"] == [({}, 2.0)]
+    assert s["rdma_hca_dra_claim_status_pending"] == [({}, 7.0)]

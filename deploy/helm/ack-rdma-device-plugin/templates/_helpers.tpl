@@ -270,6 +270,7 @@ dra:
   claimApiBurst: {{ .Values.dra.claimApiBurst }}
   resyncSeconds: {{ .Values.dra.resyncSeconds }}
   startJitterSeconds: {{ .Values.dra.startJitterSeconds }}
+  statusRetryAfterMaxSeconds: {{ .Values.dra.statusRetryAfterMaxSeconds | default 60 }}
   {{- if .Values.dra.selectors }}
   selectors:
     {{- toYaml .Values.dra.selectors | nindent 4 }}

@@ -66,6 +66,11 @@ class DraStats:
     api_requests: Mapping[tuple[str, str, str], int]  # by (resource, verb, code)
     api_wait_seconds: Mapping[str, float]  # waiting for a token, by budget
     file_stalls: int  # reads and writes of the driver's files past their deadline, ever
+    # The claims' status writes: refused with a 4xx (not 404, 409, 429), taken without our
+    # entries (the feature gate off), and claims whose write is still to go out.
+    status_refused: int = 0
+    status_dropped: int = 0
+    status_pending: int = 0
 
 
 @dataclass(slots=True)
@@ -135,6 +140,7 @@ class DraDriver:
         publish = run.helper.publisher.stats if run is not None else Stats()
         prepared: Mapping[str, PreparedClaim] = run.preparer.prepared if run else {}
         api = run.api if run is not None else None
+        writer = run.status_writer if run is not None else None
         return DraStats(
             registered=run is not None and run.helper.sockets.registered,
             registrations=run.helper.sockets.registrations if run else 0,
@@ -154,6 +160,10 @@ class DraDriver:
             api_wait_seconds=(dict(api.tally.waited) if isinstance(api, SliceApi)
                               else dict.fromkeys(BUDGETS, 0.0)),
             file_stalls=self._files.stalls_total,
+            # Not started, or hooks of the caller's in place of status writes: at 0.
+            status_refused=writer.refused if writer is not None else 0,
+            status_dropped=writer.dropped if writer is not None else 0,
+            status_pending=writer.pending if writer is not None else 0,
         )
 
     # --- life cycle ------------------------------------------------------------------

@@ -17,8 +17,8 @@ path that a live process serves (a connection to it succeeds) is never taken: at
 start that refuses the start (:class:`SocketInUse`, exit status 2, naming the other
 process), and while running, a DRA socket replaced by one that answers makes this
 instance give way (:class:`SocketTaken`): it stops serving, removes its registration
-socket, and its task ends, which stops the daemon as any root task ending does (exit
-status 1; a restart then meets the refusal, exit status 2 with its one line). Not
+socket, and its task ends, which stops the daemon with the exit status of the same
+contest at start (2, its one line naming the other instance; ``daemon.supervise``). Not
 kept running idle: it would go on publishing the node's slice beside the instance
 that serves (a contest over the slice when their settings differ) and look alive
 while serving nothing. Two instances that started at the same moment end with one

@@ -19,7 +19,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rdma_hca.daemon.observe.port_metrics import PortText, go_float
-from rdma_hca.daemon.observe.status import Status
+from rdma_hca.daemon.observe.status import DraStatus, Status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -141,6 +141,28 @@ class StatusFamilies:
         for budget, seconds in sorted(s.dra.api_wait_seconds.items()):
             waited.add_metric([budget], seconds)
         yield waited
+        yield from self._claim_status(s.dra)
+
+    @staticmethod
+    def _claim_status(dra: DraStatus) -> Iterator[Metric]:
+        # At 0 from the start, so the first refusal is an increase an alert can see.
+        refused = _counter("rdma_hca_dra_claim_status_refused_total",
+                           "Claim status writes the API server refused with a 4xx other "
+                           "than 404, 409 and 429 (each claim's state sent at most a few "
+                           "times)")
+        refused.add_metric([], dra.status_refused)
+        yield refused
+        dropped = _counter("rdma_hca_dra_claim_status_dropped_total",
+                           "Claim status writes the API server took without the driver's "
+                           "status.devices entries (its DRAResourceClaimDeviceStatus feature "
+                           "gate is off)")
+        dropped.add_metric([], dra.status_dropped)
+        yield dropped
+        pending = GaugeMetricFamily("rdma_hca_dra_claim_status_pending",
+                                    "Claims whose status write is queued, backing off or "
+                                    "going out")
+        pending.add_metric([], dra.status_pending)
+        yield pending
 
     def _pools(self, s: Status) -> Iterator[Metric]:
         total = GaugeMetricFamily("rdma_hca_pool_devices", "Devices advertised to the kubelet",

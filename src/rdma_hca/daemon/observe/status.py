@@ -46,6 +46,12 @@ class DraStatus:
     # waiting for a token by budget ("claims", "driver").
     api_requests: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     api_wait_seconds: Mapping[str, float] = field(default_factory=dict)
+    # The claims' status.devices writes: refused (a 4xx other than 404, 409, 429), taken
+    # without our entries (the API server's feature gate off), and claims whose write is
+    # queued, backing off or going out.
+    status_refused: int = 0
+    status_dropped: int = 0
+    status_pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
