@@ -21,9 +21,12 @@ Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use eve
 the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
 import each other; ``watch``, ``offer`` and ``observe`` know no front end.
 
-Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``) and the driver
-proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports nothing
-else of the helper, and the helper imports nothing of the driver proper.
+Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``, with its sockets,
+and the slice publisher beside it, ``dra/resourceslice``, as upstream has them) and the
+driver proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports
+nothing else of the helper, and the helper imports nothing of the driver proper. The
+publisher reads the offer's device records (``dra/devices.py``); those know nothing of
+the publisher.
 
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
 import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
@@ -167,18 +170,18 @@ def test_every_daemon_module_is_in_a_room_or_the_root() -> None:
 
 DRA = f"{PACKAGE}.daemon.dra"
 HELPER = f"{DRA}.kubeletplugin"  # the kubelet plugin helper
+PUBLISHER = f"{DRA}.resourceslice"  # the slice publisher, the helper's too
 # What the driver proper may use of the helper: the seam it implements.
 HELPER_SEAM = {f"{HELPER}.plugin"}
 # Modules both sides stand on: the claim's typed edge, the configuration, the records,
-# the offer's wire format, the API layer, and the sockets and the slice publisher the
-# helper owns. Every other module of the DRA room outside the helper, but the
-# composition (``driver``), is the driver proper.
-DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "config", "checkpoint", "devices", "kubeapi",
-                                     "sockets", "slices")}
+# the offer's wire format (the devices the publisher writes) and the API layer. Every
+# other module of the DRA room outside the helper, but the composition (``driver``), is
+# the driver proper.
+DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "config", "checkpoint", "devices", "kubeapi")}
 
 
 def _helper_module(module: str) -> bool:
-    return module == HELPER or module.startswith(HELPER + ".")
+    return any(module == p or module.startswith(p + ".") for p in (HELPER, PUBLISHER))
 
 
 DRIVER_PROPER = {m for m in GRAPH if m.startswith(DRA + ".") and not _helper_module(m)
@@ -200,6 +203,13 @@ def test_the_helper_does_not_import_the_driver_proper() -> None:
            for m in helper}
     bad = {m: ts for m, ts in bad.items() if ts}
     assert bad == {}, f"the helper imports the driver proper: {bad}"
+
+
+def test_the_offered_devices_know_nothing_of_the_publisher() -> None:
+    # One direction: the publisher reads the device records, never the other way round.
+    assert f"{PUBLISHER}.publisher" in GRAPH and f"{DRA}.devices" in GRAPH[f"{PUBLISHER}.slices"]
+    bad = sorted(t for t in GRAPH[f"{DRA}.devices"] if _helper_module(t))
+    assert bad == [], f"dra.devices imports the helper or the publisher: {bad}"
 
 
 def test_no_import_cycles() -> None:

@@ -188,7 +188,7 @@ def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
 
 async def test_a_task_that_gave_way_to_another_instance_is_said_in_its_own_line(
         caplog: pytest.LogCaptureFixture) -> None:
-    from rdma_hca.daemon.dra.sockets import SocketTaken
+    from rdma_hca.daemon.dra.kubeletplugin.sockets import SocketTaken
 
     async def gives_way() -> None:
         await asyncio.sleep(0)

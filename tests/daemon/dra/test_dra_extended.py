@@ -19,7 +19,7 @@ from dra_support import DRIVER, NODE
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.deviceplugin.pool import Allocation, select, shared_ids
 from rdma_hca.daemon.dra.devices import DeviceOffer, hca_device_names
-from rdma_hca.daemon.dra.resourceslice import split
+from rdma_hca.daemon.dra.resourceslice.slices import split
 from rdma_hca.daemon.offer.cdi import build_spec
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.extended import extended_claim, request_name

@@ -17,13 +17,13 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
-from rdma_hca.daemon.dra import sockets as sockets_module
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
+from rdma_hca.daemon.dra.kubeletplugin import sockets as sockets_module
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError
-from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse, SocketTaken
+from rdma_hca.daemon.dra.kubeletplugin.sockets import KubeletSockets, SocketInUse, SocketTaken
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer

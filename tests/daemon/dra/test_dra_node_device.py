@@ -15,7 +15,7 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon.dra.devices import NODE_DEVICE, DeviceOffer, default_share
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.slices import SlicePublisher
+from rdma_hca.daemon.dra.resourceslice.publisher import SlicePublisher
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer

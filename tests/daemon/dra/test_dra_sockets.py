@@ -103,7 +103,7 @@ async def _second_instance(stage: DraStage, pod_uid: str) -> DraDriver:
 async def test_two_instances_run_side_by_side_through_a_rolling_update(
         dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.dra.sockets")
+    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.dra.kubeletplugin.sockets")
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
         old = s.driver
