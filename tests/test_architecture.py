@@ -28,6 +28,9 @@ nothing else of the helper, and the helper imports nothing of the driver proper.
 publisher reads the offer's device records (``dra/devices.py``); those know nothing of
 the publisher.
 
+No module re-exports: a name is imported from the module that defines it, never through
+an ``__all__`` (or a ``*`` import) of another that imported it.
+
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
 import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
 which is what lets the node image ship without the devkit.
@@ -232,6 +235,47 @@ def test_no_import_cycles() -> None:
         if m not in state:
             visit(m)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _reexports(path: Path) -> list[str]:
+    """Names a module hands on from elsewhere: listed in ``__all__`` but imported, or ``*``."""
+    tree = ast.parse(path.read_text(), str(path))
+    imported: set[str] = set()
+    star = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    star.append(f"{getattr(node, 'module', '')}.*")
+                imported.add(a.asname or a.name.partition(".")[0])
+    listed: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = node.value
+            if not isinstance(value, (ast.List, ast.Tuple)):
+                return ["__all__ (not a literal list)", *star]
+            listed += [e.value for e in value.elts
+                       if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return sorted({*star, *(n for n in listed if n in imported)})
+
+
+@pytest.mark.parametrize("module", sorted(m for m, p in MODULES.items()
+                                          if "_pb2" not in p.name and "._proto" not in m))
+def test_no_module_re_exports_what_it_imports(module: str) -> None:
+    # One name, one home: importers name the module that defines it.
+    bad = _reexports(MODULES[module])
+    assert bad == [], f"{module} re-exports {bad}: import them from where they are defined"
+
+
+def test_the_checker_sees_a_re_export(tmp_path: Path) -> None:
+    mod = tmp_path / "mod.py"
+    mod.write_text("from a import B\n\ndef c() -> None: ...\n\n__all__ = ['B', 'c']\n")
+    assert _reexports(mod) == ["B"]
+    mod.write_text("from a import *  # noqa\n")
+    assert _reexports(mod) == ["a.*"]
+    mod.write_text("def c() -> None: ...\n\n__all__ = ['c']\n")
+    assert _reexports(mod) == []
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:

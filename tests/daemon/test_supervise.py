@@ -16,15 +16,14 @@ import pytest
 from test_daemon import R, make_settings
 from test_serve_process import http_get
 
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.daemon.supervise import Supervisor
-from rdma_hca.daemon.watch.machine import Glance
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.node.deadline_reader import NodeReader
+from rdma_hca.node.deadline_reader import Glance, NodeReader
 
 
 class HeldReader(NodeReader):

@@ -21,6 +21,7 @@ from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.inventory import discover_node
@@ -39,7 +40,7 @@ class Sleeps:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> sim.SimNode:
+def node(tmp_path: Path) -> SimNode:
     return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
 
 
@@ -73,7 +74,7 @@ class Claims:
         return self.prepared
 
 
-def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
+def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
@@ -90,7 +91,7 @@ async def held(fault: Any, count: int = 1) -> None:
 
 
 async def test_prepare_then_unprepare_before_the_write_sends_nothing(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     busy, quiet = claims.add("busy"), claims.add("quiet")
     w = writer(client, node, claims, workers=1)
@@ -108,7 +109,7 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
 
 
 async def test_a_claim_prepared_before_a_restart_gets_its_removal(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     before = writer(client, node, claims)
@@ -122,7 +123,7 @@ async def test_a_claim_prepared_before_a_restart_gets_its_removal(
 
 
 async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)
@@ -141,7 +142,7 @@ async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
 
 
 async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     first, *rest = [claims.add(f"c{i}") for i in range(5)]
     w = writer(client, node, claims, workers=1, max_pending=2)
@@ -159,7 +160,7 @@ async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
 
 
 async def test_a_full_queue_of_removals_drops_the_oldest_and_says_so(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         caplog: pytest.LogCaptureFixture) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(4)]
@@ -181,7 +182,7 @@ async def test_a_full_queue_of_removals_drops_the_oldest_and_says_so(
 
 
 async def test_faults_are_retried_with_a_growing_backoff_until_written(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     sleeps = Sleeps()
@@ -196,7 +197,7 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
 
 
 async def test_a_claim_written_since_prepare_read_it_is_applied_without_a_read(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)

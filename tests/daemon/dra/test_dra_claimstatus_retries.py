@@ -23,6 +23,7 @@ from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.inventory import discover_node
@@ -49,7 +50,7 @@ class Sleeps:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> sim.SimNode:
+def node(tmp_path: Path) -> SimNode:
     return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
 
 
@@ -81,7 +82,7 @@ class Claims:
         return self.prepared
 
 
-def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any
+def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any
            ) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
@@ -95,7 +96,7 @@ def applies(api: FakeApiServer, name: str) -> int:
 
 
 async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(12)]
     # The server takes no status write: each hangs up without an answer (nothing stored).
@@ -115,7 +116,7 @@ async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
 
 
 async def test_a_start_writes_nothing_where_the_entries_are_right(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(3)]
     before = writer(client, node, claims)
@@ -138,7 +139,7 @@ async def test_a_start_writes_nothing_where_the_entries_are_right(
     ("7200", 600.0, 600.0),
 ])
 async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         header: str, cap: float, waited: float) -> None:
     claims = Claims(api)
     ref = claims.add("c")
@@ -152,7 +153,7 @@ async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
 
 
 async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     bad, good = claims.add("bad"), claims.add("good")
     recorder = EventRecorder(client.client, controller=DRIVER, instance=NODE)
@@ -181,7 +182,7 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
 
 
 async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     gone, remade = claims.add("gone"), claims.add("remade")
     known = {r.name: api.claim("ns", r.name) for r in (gone, remade)}
@@ -197,7 +198,7 @@ async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
 
 
 async def test_retries_in_backoff_count_toward_the_bound(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(4)]
     sleeps = Sleeps()
