@@ -176,11 +176,12 @@ HELPER = f"{DRA}.kubeletplugin"  # the kubelet plugin helper
 PUBLISHER = f"{DRA}.resourceslice"  # the slice publisher, the helper's too
 # What the driver proper may use of the helper: the seam it implements.
 HELPER_SEAM = {f"{HELPER}.plugin"}
-# Modules both sides stand on: the claim's typed edge, the configuration, the records,
-# the offer's wire format (the devices the publisher writes) and the API layer. Every
-# other module of the DRA room outside the helper, but the composition (``driver``), is
-# the driver proper.
-DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "config", "checkpoint", "devices", "kubeapi")}
+# Modules both sides stand on: the claim's typed edge (with its status entries), the
+# configuration, the records, the offer's wire format (the devices the publisher writes)
+# and the API layer. Every other module of the DRA room outside the helper, but the
+# composition (``driver``), is the driver proper.
+DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "claimrecords", "config", "checkpoint",
+                                     "devices", "kubeapi")}
 
 
 def _helper_module(module: str) -> bool:

@@ -14,7 +14,7 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
-from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim, read_claim
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.driver import DraDriver
@@ -161,6 +161,29 @@ def test_a_claim_is_parsed_at_the_edge() -> None:
         parse_claim({"metadata": {"namespace": "ns", "name": "c"}})
     with pytest.raises(ClaimError, match="not a ResourceClaim"):
         parse_claim(["x"])
+
+
+def test_the_claim_prepare_parsed_is_what_the_status_writer_reads() -> None:
+    claim = parse_claim({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u1", "generation": 3},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": NODE, "device": "mlx5-0"}]}},
+            "devices": [
+                {"driver": DRIVER, "pool": NODE, "device": "mlx5-0",
+                 "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                 "message": "m", "lastTransitionTime": "t",
+                                 "observedGeneration": 2}]},
+                {"driver": "gpu.example.com", "pool": NODE, "device": "gpu-0"},
+                "not an entry"]}})
+    assert claim.generation == 3 and len(claim.entries) == 2
+    [ours] = claim.entries_of(DRIVER)
+    assert ours.key == (DRIVER, NODE, "mlx5-0", "")
+    assert [c.observed_generation for c in ours.conditions] == [2]
+    # An answer to a status write is read as found: what is missing reads as none.
+    answered = read_claim({"status": {"devices": [{"driver": DRIVER}]}})
+    assert (answered.uid, answered.generation, answered.devices) == ("", None, ())
+    assert not answered.allocated and [e.driver for e in answered.entries] == [DRIVER]
 
 
 @pytest.mark.parametrize("mode", [Mode.EXCLUSIVE, Mode.SHARED])

@@ -14,7 +14,7 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
-from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
@@ -98,7 +98,7 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
     hold = api.hold(method="PATCH", path="/busy/status")
     await w.on_prepared(busy, claims.prepare(busy))
     await held(hold)  # the one worker is busy: the next claim's write waits its turn
-    await w.on_prepared(quiet, claims.prepare(quiet), api.claim("ns", "quiet"))
+    await w.on_prepared(quiet, claims.prepare(quiet), parse_claim(api.claim("ns", "quiet")))
     claims.prepared.pop(quiet.uid)
     await w.on_unprepared(quiet)
     hold.release()
@@ -113,7 +113,7 @@ async def test_a_claim_prepared_before_a_restart_gets_its_removal(
     claims = Claims(api)
     ref = claims.add("c")
     before = writer(client, node, claims)
-    await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(before.drained(), 10)
     await before.close()
     after = writer(client, node, claims)  # a new process: it wrote nothing itself
@@ -147,10 +147,10 @@ async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
     first, *rest = [claims.add(f"c{i}") for i in range(5)]
     w = writer(client, node, claims, workers=1, max_pending=2)
     hold = api.hold(method="PATCH", path="/c0/status")
-    await w.on_prepared(first, claims.prepare(first), api.claim("ns", "c0"))
+    await w.on_prepared(first, claims.prepare(first), parse_claim(api.claim("ns", "c0")))
     await held(hold)
     for ref in rest:  # four more, two more than the queue holds, while the first is out
-        await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     assert w.set_aside == 2 and w.lost == 0
     hold.release()
     await asyncio.wait_for(w.drained(), 10)
@@ -188,7 +188,7 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps)
     api.fail(500, method="PATCH", path="/status", times=3)
-    await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("c")) == 1 and puts(api, "c") == 4
     assert len(sleeps.waits) == 3 and sleeps.waits[2] > sleeps.waits[0]
@@ -201,7 +201,7 @@ async def test_a_claim_written_since_prepare_read_it_is_applied_without_a_read(
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)
-    known = api.claim("ns", "c")
+    known = parse_claim(api.claim("ns", "c"))
     api.touch("resourceclaims", "ns", "c")  # someone wrote it after Prepare read it
     await w.on_prepared(ref, claims.prepare(ref), known)
     await asyncio.wait_for(w.drained(), 10)

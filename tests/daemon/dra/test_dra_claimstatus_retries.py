@@ -16,7 +16,7 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
-from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
@@ -103,7 +103,7 @@ async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
     hang = api.hang(60, method="PATCH", path="/status", times=1 << 30)
     before = writer(client, node, claims)
     for ref in refs:
-        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     assert before.pending == 12
     await before.close(drain=0.05)  # bounded: what is left is cancelled
     assert all(claims.entries(ref.name) == [] for ref in refs)
@@ -121,7 +121,7 @@ async def test_a_start_writes_nothing_where_the_entries_are_right(
     refs = [claims.add(f"c{i}") for i in range(3)]
     before = writer(client, node, claims)
     for ref in refs:
-        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     await before.close()  # the drain writes them
     assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
     written = api.count("PATCH")
@@ -146,7 +146,7 @@ async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps, retry_after_max=cap)
     api.fail(429, retry_after=header, method="PATCH", path="/status")
-    await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
     assert sleeps.waits == [waited] and len(claims.entries("c")) == 1
     assert applies(api, "c") == 2
@@ -162,10 +162,10 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps, on_refused=events.status_refused)
     refusal = api.fail(422, method="PATCH", path="/bad/status", times=100)
-    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
     assert applies(api, "bad") == REFUSALS and w.refused == REFUSALS
-    await w.on_prepared(good, claims.prepare(good), api.claim("ns", "good"))
+    await w.on_prepared(good, claims.prepare(good), parse_claim(api.claim("ns", "good")))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("good")) == 1
     await recorder.close(grace=10)
@@ -176,7 +176,7 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     assert "HTTP 422" in event["note"]
     # A new state of the claim (the kubelet's next Prepare) is sent again.
     refusal.times = 0
-    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
     assert applies(api, "bad") == REFUSALS + 1 and len(claims.entries("bad")) == 1
 
@@ -185,7 +185,7 @@ async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
         api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     gone, remade = claims.add("gone"), claims.add("remade")
-    known = {r.name: api.claim("ns", r.name) for r in (gone, remade)}
+    known = {r.name: parse_claim(api.claim("ns", r.name)) for r in (gone, remade)}
     api.delete("resourceclaims", "ns", "gone")
     api.delete("resourceclaims", "ns", "remade")
     claims.add("remade")
@@ -206,13 +206,13 @@ async def test_retries_in_backoff_count_toward_the_bound(
     w = writer(client, node, claims, sleep=sleeps, max_pending=2, workers=1)
     api.fail(500, method="PATCH", path="/status", times=2)
     for ref in refs[:2]:
-        await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     await asyncio.wait_for(_until(lambda: len(sleeps.waits) == 2), 10)
     assert w.pending == 2 and w.set_aside == 0  # both in backoff: the queue is full
-    await w.on_prepared(refs[2], claims.prepare(refs[2]), api.claim("ns", "c2"))
+    await w.on_prepared(refs[2], claims.prepare(refs[2]), parse_claim(api.claim("ns", "c2")))
     assert w.set_aside == 1 and w.pending == 2
     sleeps.release()
-    await w.on_prepared(refs[3], claims.prepare(refs[3]), api.claim("ns", "c3"))
+    await w.on_prepared(refs[3], claims.prepare(refs[3]), parse_claim(api.claim("ns", "c3")))
     await asyncio.wait_for(w.drained(), 10)
     assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
 

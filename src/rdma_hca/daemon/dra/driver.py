@@ -285,4 +285,4 @@ class DraDriver:
 
 async def _prepared_hook(writer: ClaimStatusWriter, claim: Claim,
                          devices: tuple[PreparedDevice, ...]) -> None:
-    await writer.on_prepared(claim.ref, devices, claim.source)
+    await writer.on_prepared(claim.ref, devices, claim)
