@@ -21,9 +21,15 @@ Inside the daemon, the rooms: the composition root (``daemon/*.py``) may use eve
 the device plugin and the DRA driver are two front ends over ``watch`` and ``offer`` and never
 import each other; ``watch``, ``offer`` and ``observe`` know no front end.
 
-Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``) and the driver
-proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports nothing
-else of the helper, and the helper imports nothing of the driver proper.
+Inside the DRA room, the kubelet plugin helper (``dra/kubeletplugin``, with its sockets,
+and the slice publisher beside it, ``dra/resourceslice``, as upstream has them) and the
+driver proper meet at one seam (``kubeletplugin/plugin.py``): the driver proper imports
+nothing else of the helper, and the helper imports nothing of the driver proper. The
+publisher reads the offer's device records (``dra/devices.py``); those know nothing of
+the publisher.
+
+No module re-exports: a name is imported from the module that defines it, never through
+an ``__all__`` (or a ``*`` import) of another that imported it.
 
 Every import counts, including those inside functions and under TYPE_CHECKING: a lazy
 import is still a dependency, and so is a module the CLI loads by name (``cli._command``),
@@ -167,18 +173,19 @@ def test_every_daemon_module_is_in_a_room_or_the_root() -> None:
 
 DRA = f"{PACKAGE}.daemon.dra"
 HELPER = f"{DRA}.kubeletplugin"  # the kubelet plugin helper
+PUBLISHER = f"{DRA}.resourceslice"  # the slice publisher, the helper's too
 # What the driver proper may use of the helper: the seam it implements.
 HELPER_SEAM = {f"{HELPER}.plugin"}
-# Modules both sides stand on: the claim's typed edge, the configuration, the records,
-# the offer's wire format, the API layer, and the sockets and the slice publisher the
-# helper owns. Every other module of the DRA room outside the helper, but the
+# Modules both sides stand on: the claim's typed edge (with its status entries), the
+# configuration, the records, the offer's wire format (the devices the publisher writes)
+# and the API layer. Every other module of the DRA room outside the helper, but the
 # composition (``driver``), is the driver proper.
-DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "config", "checkpoint", "devices", "kubeapi",
-                                     "sockets", "slices")}
+DRA_SHARED = {f"{DRA}.{m}" for m in ("claims", "claimrecords", "config", "checkpoint",
+                                     "devices", "kubeapi")}
 
 
 def _helper_module(module: str) -> bool:
-    return module == HELPER or module.startswith(HELPER + ".")
+    return any(module == p or module.startswith(p + ".") for p in (HELPER, PUBLISHER))
 
 
 DRIVER_PROPER = {m for m in GRAPH if m.startswith(DRA + ".") and not _helper_module(m)
@@ -202,6 +209,13 @@ def test_the_helper_does_not_import_the_driver_proper() -> None:
     assert bad == {}, f"the helper imports the driver proper: {bad}"
 
 
+def test_the_offered_devices_know_nothing_of_the_publisher() -> None:
+    # One direction: the publisher reads the device records, never the other way round.
+    assert f"{PUBLISHER}.publisher" in GRAPH and f"{DRA}.devices" in GRAPH[f"{PUBLISHER}.slices"]
+    bad = sorted(t for t in GRAPH[f"{DRA}.devices"] if _helper_module(t))
+    assert bad == [], f"dra.devices imports the helper or the publisher: {bad}"
+
+
 def test_no_import_cycles() -> None:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1 visiting, 2 done
@@ -222,6 +236,47 @@ def test_no_import_cycles() -> None:
         if m not in state:
             visit(m)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _reexports(path: Path) -> list[str]:
+    """Names a module hands on from elsewhere: listed in ``__all__`` but imported, or ``*``."""
+    tree = ast.parse(path.read_text(), str(path))
+    imported: set[str] = set()
+    star = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    star.append(f"{getattr(node, 'module', '')}.*")
+                imported.add(a.asname or a.name.partition(".")[0])
+    listed: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = node.value
+            if not isinstance(value, (ast.List, ast.Tuple)):
+                return ["__all__ (not a literal list)", *star]
+            listed += [e.value for e in value.elts
+                       if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return sorted({*star, *(n for n in listed if n in imported)})
+
+
+@pytest.mark.parametrize("module", sorted(m for m, p in MODULES.items()
+                                          if "_pb2" not in p.name and "._proto" not in m))
+def test_no_module_re_exports_what_it_imports(module: str) -> None:
+    # One name, one home: importers name the module that defines it.
+    bad = _reexports(MODULES[module])
+    assert bad == [], f"{module} re-exports {bad}: import them from where they are defined"
+
+
+def test_the_checker_sees_a_re_export(tmp_path: Path) -> None:
+    mod = tmp_path / "mod.py"
+    mod.write_text("from a import B\n\ndef c() -> None: ...\n\n__all__ = ['B', 'c']\n")
+    assert _reexports(mod) == ["B"]
+    mod.write_text("from a import *  # noqa\n")
+    assert _reexports(mod) == ["a.*"]
+    mod.write_text("def c() -> None: ...\n\n__all__ = ['c']\n")
+    assert _reexports(mod) == []
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:

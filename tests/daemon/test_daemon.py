@@ -20,11 +20,12 @@ import grpc
 import pytest
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.deviceplugin.pool import shared_ids
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.devkit.sim.kubelet import AdmissionError, KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.kubelet import KubeletEmulator
+from rdma_hca.devkit.sim.kubelet_rules import AdmissionError
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.model import Mode, PoolConfig, Settings, UnhealthyWhen
 

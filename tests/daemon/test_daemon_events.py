@@ -13,7 +13,7 @@ import pytest
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.model import ConfigError, Mode, PoolConfig, Selectors, Settings
 

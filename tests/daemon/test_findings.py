@@ -13,14 +13,9 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.devkit.sim.nodes import (
-    HcaSpec,
-    PortSpec,
-    SimNode,
-    build_node,
-    gpu_node,
-    infiniband_node,
-)
+from rdma_hca.devkit.sim.nodes import gpu_node, infiniband_node
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.model import Settings

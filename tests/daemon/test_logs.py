@@ -25,7 +25,7 @@ from test_serve_process import (
 )
 
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.logs import JsonFormatter
 
 WATCH = "rdma_hca.daemon.watch.health"

@@ -27,10 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.model import Settings
 
 R = "rdma/hca"

@@ -16,15 +16,14 @@ import pytest
 from test_daemon import R, make_settings
 from test_serve_process import http_get
 
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.daemon.supervise import Supervisor
-from rdma_hca.daemon.watch.machine import Glance
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.node.deadline_reader import NodeReader
+from rdma_hca.node.deadline_reader import Glance, NodeReader
 
 
 class HeldReader(NodeReader):
@@ -188,7 +187,7 @@ def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
 
 async def test_a_task_that_gave_way_to_another_instance_is_said_in_its_own_line(
         caplog: pytest.LogCaptureFixture) -> None:
-    from rdma_hca.daemon.dra.sockets import SocketTaken
+    from rdma_hca.daemon.dra.kubeletplugin.sockets import SocketTaken
 
     async def gives_way() -> None:
         await asyncio.sleep(0)

@@ -113,7 +113,7 @@ def _under(path: str, directory: str) -> bool:
                                          "/var/snap/microk8s/common/var/lib/kubelet"])
 def test_dra_alone_loads_into_the_daemon_and_the_driver(
         render: RenderFn, tmp_path: Path, kubelet_dir: str) -> None:
-    from rdma_hca.daemon.dra import DriverConfig
+    from rdma_hca.daemon.dra.config import DriverConfig
     from rdma_hca.daemon.dra.kubeletplugin.options import HelperOptions
 
     values = {"dra.enabled": "true", "devicePlugin.enabled": "false", "kubeletDir": kubelet_dir,

@@ -15,7 +15,8 @@ from deploy_support import REPO, RenderFn
 from dra_allocator import Allocation, Published, allocate
 
 from rdma_hca.daemon.dra.devices import DeviceOffer
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import Mode
 

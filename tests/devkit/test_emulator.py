@@ -19,10 +19,10 @@ import grpc.aio
 import pytest
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.devkit.sim.kubelet import (
+from rdma_hca.devkit.sim.kubelet import KubeletEmulator
+from rdma_hca.devkit.sim.kubelet_rules import (
     CHECKPOINT_NAME,
     AdmissionError,
-    KubeletEmulator,
     format_quantity,
     resource_name_problem,
 )

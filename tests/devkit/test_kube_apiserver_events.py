@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.kube.apiserver import TOKEN, FakeApiServer
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.kube.cluster import TOKEN
 
 V1 = "/apis/events.k8s.io/v1/namespaces/ml/events"
 CORE = "/api/v1/namespaces/ml/events"

@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
+from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node, mlx5_roce_bond_node
+from rdma_hca.devkit.sim.specs import HcaSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000\n"
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("gpu"))
 
 
@@ -25,7 +29,7 @@ def _links(root: Path) -> list[Path]:
     return [p for p in found if p.is_symlink()]
 
 
-def test_class_entries_are_relative_links_into_devices(gpu: sim.SimNode) -> None:
+def test_class_entries_are_relative_links_into_devices(gpu: SimNode) -> None:
     cls = gpu.sysfs_root / "class" / "infiniband"
     assert sorted(p.name for p in cls.iterdir()) == sorted(gpu.specs)
     for entry in cls.iterdir():
@@ -35,13 +39,13 @@ def test_class_entries_are_relative_links_into_devices(gpu: sim.SimNode) -> None
         assert entry.resolve().is_dir()
 
 
-def test_every_symlink_resolves(gpu: sim.SimNode) -> None:
+def test_every_symlink_resolves(gpu: SimNode) -> None:
     links = _links(gpu.sysfs_root)
     assert len(links) > 30
     assert [p for p in links if not p.exists()] == []
 
 
-def test_pci_function_directory(gpu: sim.SimNode) -> None:
+def test_pci_function_directory(gpu: SimNode) -> None:
     pci = gpu.pci_dir("mlx5_6")
     assert pci is not None
     assert (gpu.hca_dir("mlx5_6") / "device").resolve() == pci.resolve()
@@ -52,7 +56,7 @@ def test_pci_function_directory(gpu: sim.SimNode) -> None:
     assert (pci / "net" / "eth6").is_dir()
 
 
-def test_abi_version_files_beside_devices(gpu: sim.SimNode) -> None:
+def test_abi_version_files_beside_devices(gpu: SimNode) -> None:
     verbs = gpu.sysfs_root / "class" / "infiniband_verbs"
     assert (verbs / "abi_version").is_file()
     assert not (verbs / "abi_version").is_symlink()
@@ -62,14 +66,14 @@ def test_abi_version_files_beside_devices(gpu: sim.SimNode) -> None:
         assert (uverbs / "ibdev").read_text() == f"{name}\n"
 
 
-def test_uverbs_numbers_are_shuffled_and_unique(gpu: sim.SimNode) -> None:
+def test_uverbs_numbers_are_shuffled_and_unique(gpu: SimNode) -> None:
     numbers = [gpu.specs[f"mlx5_{i}"].uverbs_index for i in range(8)]
     numbers.append(gpu.specs["mlx5_bond_0"].uverbs_index)
     assert sorted(numbers) == list(range(9))
     assert numbers != list(range(9))
 
 
-def test_dev_tree_has_a_file_per_device(gpu: sim.SimNode) -> None:
+def test_dev_tree_has_a_file_per_device(gpu: SimNode) -> None:
     dev = gpu.dev_root / "infiniband"
     expected = {gpu.uverbs_name(n) for n in gpu.specs} | {gpu.umad_name(n) for n in gpu.specs}
     expected.add("rdma_cm")
@@ -77,7 +81,7 @@ def test_dev_tree_has_a_file_per_device(gpu: sim.SimNode) -> None:
     assert all(p.is_file() and p.stat().st_size == 0 for p in dev.iterdir())
 
 
-def test_gid_table_has_every_entry(gpu: sim.SimNode) -> None:
+def test_gid_table_has_every_entry(gpu: SimNode) -> None:
     gids = gpu.port_dir("mlx5_0") / "gids"
     entries = sorted(int(p.name) for p in gids.iterdir())
     assert entries == list(range(256))
@@ -90,7 +94,7 @@ def test_gid_table_has_every_entry(gpu: sim.SimNode) -> None:
     assert (ndevs / "0").read_text() == "eth0\n"
 
 
-def test_port_attributes(gpu: sim.SimNode) -> None:
+def test_port_attributes(gpu: SimNode) -> None:
     port = gpu.port_dir("mlx5_1")
     assert (port / "state").read_text() == "4: ACTIVE\n"
     assert (port / "phys_state").read_text() == "5: LinkUp\n"
@@ -99,7 +103,7 @@ def test_port_attributes(gpu: sim.SimNode) -> None:
     assert (port / "counters" / "port_rcv_data").read_text() == "0\n"
 
 
-def test_bond_slaves_are_enslaved_to_bond0(gpu: sim.SimNode) -> None:
+def test_bond_slaves_are_enslaved_to_bond0(gpu: SimNode) -> None:
     pci = gpu.pci_dir("mlx5_bond_0")
     assert pci is not None
     slave = pci / "net" / "ens241f0np0"
@@ -120,7 +124,7 @@ def test_gpu_node_sizes_and_numa(tmp_path: Path) -> None:
     assert (pci / "numa_node").read_text() == "-1\n"
 
 
-def test_infiniband_node_has_umad_and_issm_per_port(ib_node: sim.SimNode) -> None:
+def test_infiniband_node_has_umad_and_issm_per_port(ib_node: SimNode) -> None:
     mad = ib_node.sysfs_root / "class" / "infiniband_mad"
     for port in (1, 2):
         for name in (ib_node.umad_name("mlx5_0", port), ib_node.issm_name("mlx5_0", port)):
@@ -136,7 +140,7 @@ def test_infiniband_node_has_umad_and_issm_per_port(ib_node: sim.SimNode) -> Non
     assert (pci / "net" / "ib1" / "dev_port").read_text() == "1\n"
 
 
-def test_erdma_node(erdma_node: sim.SimNode) -> None:
+def test_erdma_node(erdma_node: SimNode) -> None:
     for name in ("erdma_0", "erdma_1"):
         pci = erdma_node.pci_dir(name)
         assert pci is not None
@@ -145,7 +149,7 @@ def test_erdma_node(erdma_node: sim.SimNode) -> None:
         assert os.path.basename(os.readlink(pci / "driver")) == "erdma"
 
 
-def test_soft_roce_node(soft_roce_node: sim.SimNode) -> None:
+def test_soft_roce_node(soft_roce_node: SimNode) -> None:
     rxe = soft_roce_node.hca_dir("rxe0")
     assert os.readlink(rxe) == "../../devices/virtual/infiniband/rxe0"
     assert (rxe / "parent").read_text() == "eth0\n"
@@ -184,7 +188,7 @@ def test_bad_changes_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="already present"):
         node.add_hca(node.specs["mlx5_0"])
     taken = node.specs["mlx5_0"].uverbs_index
-    clash = sim.HcaSpec(name="mlx5_9", pci_address="0000:99:00.0", uverbs_index=taken)
+    clash = HcaSpec(name="mlx5_9", pci_address="0000:99:00.0", uverbs_index=taken)
     with pytest.raises(ValueError, match="uverbs"):
         node.add_hca(clash)
     with pytest.raises(KeyError, match="mlx5_10"):
@@ -193,9 +197,9 @@ def test_bad_changes_are_refused(tmp_path: Path) -> None:
         node.set_port("mlx5_1", 2, up=False)
     with pytest.raises(ValueError, match="shared"):
         node.set_netns_mode("sometimes")
-    twice = [sim.HcaSpec(name="a", uverbs_index=0), sim.HcaSpec(name="a", uverbs_index=1)]
+    twice = [HcaSpec(name="a", uverbs_index=0), HcaSpec(name="a", uverbs_index=1)]
     with pytest.raises(ValueError, match="unique"):
-        sim.build_node(tmp_path / "dup", twice)
+        build_node(tmp_path / "dup", twice)
 
 
 def test_live_changes(tmp_path: Path) -> None:
@@ -223,7 +227,7 @@ def test_live_changes(tmp_path: Path) -> None:
 
 
 def test_broken_nodes_mark_what_they_damaged(tmp_path: Path) -> None:
-    nodes = sim.broken_nodes(tmp_path)
+    nodes = broken_nodes(tmp_path)
     assert len(nodes) == 10
     for name, node in nodes.items():
         assert node.damaged, name
@@ -258,7 +262,7 @@ def test_a_file_can_become_a_fifo_and_back(tmp_path: Path) -> None:
     assert not any(p.name.endswith((".fifo-released", ".fifo-sim")) for p in real.parent.iterdir())
 
 
-def test_pci_functions_are_linked_from_the_pci_bus(gpu: sim.SimNode) -> None:
+def test_pci_functions_are_linked_from_the_pci_bus(gpu: SimNode) -> None:
     bus = gpu.sysfs_root / "bus" / "pci" / "devices"
     for name, spec in gpu.specs.items():
         assert spec.pci_address is not None
@@ -272,13 +276,13 @@ def test_pci_functions_are_linked_from_the_pci_bus(gpu: sim.SimNode) -> None:
 
 
 def test_hostile_and_real_world_builders(tmp_path: Path) -> None:
-    hostile = sim.hostile_nodes(tmp_path / "hostile")
+    hostile = hostile_nodes(tmp_path / "hostile")
     assert all(n.damaged for k, n in hostile.items() if k != "prefix_only_gids")
     odd = hostile["non_utf8_names"].sysfs_root / "class" / "infiniband"
     assert b"mlx5_\xff" in os.listdir(os.fsencode(odd))
-    mlx4 = sim.mlx4_infiniband_node(tmp_path / "mlx4")
+    mlx4 = mlx4_infiniband_node(tmp_path / "mlx4")
     gids = mlx4.port_dir("mlx4_0") / "gids"
     assert {(gids / str(i)).read_text() for i in range(1, 128)} == {
         "fe80:0000:0000:0000:0000:0000:0000:0000\n"}
-    lag = sim.mlx5_roce_bond_node(tmp_path / "lag")
+    lag = mlx5_roce_bond_node(tmp_path / "lag")
     assert lag.expected_pcie_root("mlx5_bond_0") == "pci0000:97"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.deadline_reader import NodeReader, discover_bounded
 from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.inventory import discover_node
@@ -30,13 +31,13 @@ DEADLINE = 1.0
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[sim.SimNode]:
+def node(tmp_path: Path) -> Iterator[SimNode]:
     n = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=8)
     yield n
     n.release_fifos()
 
 
-def _abs(node: sim.SimNode, rel: str) -> str:
+def _abs(node: SimNode, rel: str) -> str:
     return os.path.abspath(node.sysfs_root / rel)
 
 
@@ -59,7 +60,7 @@ def _hung(prefix: str) -> int:
 
 
 def test_stuck_state_file_keeps_the_hca_with_unknown_ports(
-    node: sim.SimNode, caplog: pytest.LogCaptureFixture
+    node: SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     rel = "class/infiniband/mlx5_1/ports/1/state"
     node.replace_with_fifo(rel)
@@ -78,7 +79,7 @@ def test_stuck_state_file_keeps_the_hca_with_unknown_ports(
     assert len(said) == 1 and said[0].count(_abs(node, rel)) == 1  # named once
 
 
-def test_stuck_gid_entry_is_named(node: sim.SimNode) -> None:
+def test_stuck_gid_entry_is_named(node: SimNode) -> None:
     rel = "class/infiniband/mlx5_0/ports/1/gids/5"
     node.replace_with_fifo(rel)
     inv = discover_bounded(node.sysfs_root, node.dev_root, deadline=DEADLINE)
@@ -88,7 +89,7 @@ def test_stuck_gid_entry_is_named(node: sim.SimNode) -> None:
     assert [g.index for g in hca.ports[0].gids] == [0, 1, 2, 3]
 
 
-def test_every_stuck_file_is_named_and_the_call_still_returns(node: sim.SimNode) -> None:
+def test_every_stuck_file_is_named_and_the_call_still_returns(node: SimNode) -> None:
     rels = ["class/infiniband/mlx5_0/fw_ver", "class/infiniband/mlx5_1/ports/1/rate",
             "module/ib_core/parameters/netns_mode"]
     for rel in rels:
@@ -100,7 +101,7 @@ def test_every_stuck_file_is_named_and_the_call_still_returns(node: sim.SimNode)
 
 
 async def test_reader_remembers_a_stuck_file_and_reads_it_again_once_it_returns(
-    node: sim.SimNode, caplog: pytest.LogCaptureFixture
+    node: SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="rdma_hca.node")
     rel = "class/infiniband/mlx5_1/ports/1/phys_state"
@@ -132,7 +133,7 @@ async def test_reader_remembers_a_stuck_file_and_reads_it_again_once_it_returns(
     assert (await reader.port_states())[("mlx5_1", 1)] == ("ACTIVE", "LinkUp")
 
 
-async def test_the_event_loop_keeps_running_while_a_read_hangs(node: sim.SimNode) -> None:
+async def test_the_event_loop_keeps_running_while_a_read_hangs(node: SimNode) -> None:
     node.replace_with_fifo("class/infiniband/mlx5_0/ports/1/state")
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     ticks = 0
@@ -152,7 +153,7 @@ async def test_the_event_loop_keeps_running_while_a_read_hangs(node: sim.SimNode
     assert ticks > 0
 
 
-async def test_port_counters_leave_out_a_stuck_counter(node: sim.SimNode) -> None:
+async def test_port_counters_leave_out_a_stuck_counter(node: SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     assert await reader.port_counters() == {}  # no inventory yet
     await reader.discover()
@@ -171,7 +172,7 @@ async def test_port_counters_leave_out_a_stuck_counter(node: sim.SimNode) -> Non
     assert [h.any_port_up for h in inv.hcas] == [True, False]
 
 
-async def test_a_stuck_hw_counter_leaves_the_other_counters_read(node: sim.SimNode) -> None:
+async def test_a_stuck_hw_counter_leaves_the_other_counters_read(node: SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     await reader.discover()
     node.set_counter("mlx5_1", 1, "rp_cnp_handled", 9, hw=True)
@@ -187,7 +188,7 @@ async def test_a_stuck_hw_counter_leaves_the_other_counters_read(node: sim.SimNo
     assert reader.stalls_total == 1
 
 
-async def test_netns_mode_off_the_loop(node: sim.SimNode) -> None:
+async def test_netns_mode_off_the_loop(node: SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     assert await reader.netns_mode() == "shared"
     node.replace_with_fifo("module/ib_core/parameters/netns_mode")
@@ -195,12 +196,12 @@ async def test_netns_mode_off_the_loop(node: sim.SimNode) -> None:
     assert reader.stalls_total == 1
 
 
-def test_deadline_must_be_positive(node: sim.SimNode) -> None:
+def test_deadline_must_be_positive(node: SimNode) -> None:
     with pytest.raises(ValueError, match="deadline"):
         NodeReader(node.sysfs_root, node.dev_root, deadline=0)
 
 
-def test_hung_reads_do_not_hold_up_interpreter_exit(node: sim.SimNode) -> None:
+def test_hung_reads_do_not_hold_up_interpreter_exit(node: SimNode) -> None:
     node.replace_with_fifo("class/infiniband/mlx5_0/ports/1/state")
     code = (
         "import asyncio, sys\n"
@@ -216,7 +217,7 @@ def test_hung_reads_do_not_hold_up_interpreter_exit(node: sim.SimNode) -> None:
     assert done.stdout.split() == ["1", "1"]
 
 
-def test_running_out_of_file_descriptors_is_not_no_hcas(node: sim.SimNode) -> None:
+def test_running_out_of_file_descriptors_is_not_no_hcas(node: SimNode) -> None:
     code = (
         "import os, resource, sys\n"
         "from rdma_hca.node.inventory import discover_node\n"
@@ -240,7 +241,7 @@ def test_running_out_of_file_descriptors_is_not_no_hcas(node: sim.SimNode) -> No
     assert all(line.startswith("failed: discovery ran out of file descriptors") for line in lines)
 
 
-def test_plain_discovery_matches_the_bounded_one(node: sim.SimNode) -> None:
+def test_plain_discovery_matches_the_bounded_one(node: SimNode) -> None:
     assert discover_bounded(node.sysfs_root, node.dev_root) == discover_node(
         os.path.abspath(node.sysfs_root), os.path.abspath(node.dev_root))
 
@@ -250,7 +251,7 @@ def test_discovery_failed_is_exported() -> None:
 
 
 async def test_a_thread_given_up_on_stops_instead_of_hanging_on_the_next_file(
-    node: sim.SimNode,
+    node: SimNode,
 ) -> None:
     first, second = (f"class/infiniband/mlx5_0/ports/1/gids/{i}" for i in (5, 6))
     node.replace_with_fifo(first)
@@ -267,7 +268,7 @@ async def test_a_thread_given_up_on_stops_instead_of_hanging_on_the_next_file(
 
 
 async def test_glance_reads_the_listings_and_every_port_state_in_one_call(
-        node: sim.SimNode) -> None:
+        node: SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     glance = await reader.glance()
     names, verbs, mad, dev = glance.listings
@@ -287,7 +288,7 @@ async def test_glance_reads_the_listings_and_every_port_state_in_one_call(
 
 
 async def test_an_async_call_needs_no_second_thread_to_watch_the_first(
-        node: sim.SimNode) -> None:
+        node: SimNode) -> None:
     reader = NodeReader(node.sysfs_root, node.dev_root, deadline=DEADLINE)
     await reader.port_states()  # a worker exists from now on
     started: list[str] = []

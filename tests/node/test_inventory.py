@@ -13,6 +13,9 @@ from sysfs_helpers import discover, read_netns_mode
 
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim import specs as sim_specs
+from rdma_hca.devkit.sim.hostile import broken_nodes
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 from rdma_hca.kit.text import natural_key
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, NodeInventory
@@ -21,17 +24,17 @@ from rdma_hca.node.sysfs_values import UNKNOWN
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     """A GPU node shared by the tests that only read it (building one per test is waste)."""
     return sim.gpu_node(tmp_path_factory.mktemp("gpu"))
 
 
-def _small(root: Path, hcas: int = 2) -> sim.SimNode:
+def _small(root: Path, hcas: int = 2) -> SimNode:
     """A cheap node for tests that change the tree: short GID tables, no bond."""
     return sim.gpu_node(root, hcas=hcas, bond=False, gid_table_size=16)
 
 
-def _inventory(node: sim.SimNode) -> NodeInventory:
+def _inventory(node: SimNode) -> NodeInventory:
     return discover_node(node.sysfs_root, node.dev_root)
 
 
@@ -42,7 +45,7 @@ def _by_name(inv: NodeInventory) -> dict[str, Hca]:
 # -- the GPU node ---------------------------------------------------------------------
 
 
-def test_gpu_node_finds_every_hca_sorted_naturally(gpu: sim.SimNode) -> None:
+def test_gpu_node_finds_every_hca_sorted_naturally(gpu: SimNode) -> None:
     inv = _inventory(gpu)
     assert [h.name for h in inv.hcas] == [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"]
     assert inv.warnings == ()
@@ -53,7 +56,7 @@ def test_gpu_node_finds_every_hca_sorted_naturally(gpu: sim.SimNode) -> None:
     assert inv.rdma_cm.present
 
 
-def test_class_entries_are_symlinks_into_devices(gpu: sim.SimNode) -> None:
+def test_class_entries_are_symlinks_into_devices(gpu: SimNode) -> None:
     entry = gpu.hca_dir("mlx5_3")
     assert entry.is_symlink()
     assert os.readlink(entry).startswith("../../devices/pci")
@@ -63,7 +66,7 @@ def test_class_entries_are_symlinks_into_devices(gpu: sim.SimNode) -> None:
     assert hca.pci_address == pci.name == gpu.specs["mlx5_3"].pci_address
 
 
-def test_pci_identity_driver_and_attributes(gpu: sim.SimNode) -> None:
+def test_pci_identity_driver_and_attributes(gpu: SimNode) -> None:
     hca = _by_name(_inventory(gpu))["mlx5_0"]
     assert hca.driver == "mlx5_core"
     assert (hca.pci_vendor, hca.pci_device) == ("0x15b3", "0x1021")
@@ -73,12 +76,12 @@ def test_pci_identity_driver_and_attributes(gpu: sim.SimNode) -> None:
     assert hca.node_guid == "b859:9f03:00d4:3c22"
 
 
-def test_numa_nodes_split_over_the_hcas(gpu: sim.SimNode) -> None:
+def test_numa_nodes_split_over_the_hcas(gpu: SimNode) -> None:
     hcas = _by_name(_inventory(gpu))
     assert [hcas[f"mlx5_{i}"].numa_node for i in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def test_uverbs_follow_ibdev_not_name_order(gpu: sim.SimNode) -> None:
+def test_uverbs_follow_ibdev_not_name_order(gpu: SimNode) -> None:
     inv = _inventory(gpu)
     found = {h.name: h.uverbs.name for h in inv.hcas if h.uverbs is not None}
     expected = {name: gpu.uverbs_name(name) for name in gpu.specs}
@@ -90,7 +93,7 @@ def test_uverbs_follow_ibdev_not_name_order(gpu: sim.SimNode) -> None:
     assert hca.uverbs.path == f"/dev/infiniband/{expected['mlx5_2']}"
 
 
-def test_abi_version_files_are_not_devices(gpu: sim.SimNode) -> None:
+def test_abi_version_files_are_not_devices(gpu: SimNode) -> None:
     for kind in ("infiniband_verbs", "infiniband_mad"):
         assert (gpu.sysfs_root / "class" / kind / "abi_version").is_file()
     inv = _inventory(gpu)
@@ -100,7 +103,7 @@ def test_abi_version_files_are_not_devices(gpu: sim.SimNode) -> None:
     assert len(names) == 9
 
 
-def test_roce_ports_gids_and_netdevs(gpu: sim.SimNode) -> None:
+def test_roce_ports_gids_and_netdevs(gpu: SimNode) -> None:
     hca = _by_name(_inventory(gpu))["mlx5_4"]
     (port,) = hca.ports
     assert port.number == 1
@@ -123,7 +126,7 @@ def test_roce_ports_gids_and_netdevs(gpu: sim.SimNode) -> None:
     assert port.gids[0].ip is not None and port.gids[0].ip.startswith("fe80::")
 
 
-def test_global_ipv6_gids(gpu_node_ipv6: sim.SimNode) -> None:
+def test_global_ipv6_gids(gpu_node_ipv6: SimNode) -> None:
     hca = _by_name(_inventory(gpu_node_ipv6))["mlx5_3"]
     six = [g for g in hca.ports[0].gids if g.kind is GidKind.GLOBAL_IPV6]
     assert [(g.index, g.type, g.ip) for g in six] == [
@@ -132,7 +135,7 @@ def test_global_ipv6_gids(gpu_node_ipv6: sim.SimNode) -> None:
     ]
 
 
-def test_roce_umad_exists_but_is_not_a_container_device(gpu: sim.SimNode) -> None:
+def test_roce_umad_exists_but_is_not_a_container_device(gpu: SimNode) -> None:
     hca = _by_name(_inventory(gpu))["mlx5_0"]
     assert hca.ports[0].umad is not None
     assert hca.ports[0].umad.name == gpu.umad_name("mlx5_0")
@@ -140,7 +143,7 @@ def test_roce_umad_exists_but_is_not_a_container_device(gpu: sim.SimNode) -> Non
     assert hca.device_nodes() == (hca.uverbs,)
 
 
-def test_bonded_hca_is_one_hca_on_the_bond(gpu: sim.SimNode) -> None:
+def test_bonded_hca_is_one_hca_on_the_bond(gpu: SimNode) -> None:
     hcas = _by_name(_inventory(gpu))
     bond = hcas["mlx5_bond_0"]
     assert bond.netdevs == ("bond0",)
@@ -175,14 +178,14 @@ def test_natural_key_orders_numbers_as_numbers() -> None:
     ]
 
 
-def test_discover_returns_the_inventory_hcas(gpu: sim.SimNode) -> None:
+def test_discover_returns_the_inventory_hcas(gpu: SimNode) -> None:
     assert discover(gpu.sysfs_root, gpu.dev_root) == list(_inventory(gpu).hcas)
 
 
 # -- other kinds of node --------------------------------------------------------------
 
 
-def test_infiniband_node(ib_node: sim.SimNode) -> None:
+def test_infiniband_node(ib_node: SimNode) -> None:
     inv = _inventory(ib_node)
     assert inv.warnings == ()
     (hca,) = inv.hcas
@@ -205,7 +208,7 @@ def test_infiniband_node(ib_node: sim.SimNode) -> None:
     assert hca.device_nodes() == (hca.uverbs, *umads)
 
 
-def test_erdma_node(erdma_node: sim.SimNode) -> None:
+def test_erdma_node(erdma_node: SimNode) -> None:
     inv = _inventory(erdma_node)
     assert inv.warnings == ()
     assert [h.name for h in inv.hcas] == ["erdma_0", "erdma_1"]
@@ -217,7 +220,7 @@ def test_erdma_node(erdma_node: sim.SimNode) -> None:
         assert hca.board_id is None
 
 
-def test_soft_roce_and_siw_have_no_pci_parent(soft_roce_node: sim.SimNode) -> None:
+def test_soft_roce_and_siw_have_no_pci_parent(soft_roce_node: SimNode) -> None:
     inv = _inventory(soft_roce_node)
     assert inv.warnings == ()
     hcas = _by_name(inv)
@@ -254,7 +257,7 @@ def test_missing_sysfs_root_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptu
 # -- live changes ---------------------------------------------------------------------
 
 
-def test_hot_unplug_and_return(gpu_node: sim.SimNode) -> None:
+def test_hot_unplug_and_return(gpu_node: SimNode) -> None:
     before = _inventory(gpu_node)
     gpu_node.remove_hca("mlx5_6")
     during = _inventory(gpu_node)
@@ -265,7 +268,7 @@ def test_hot_unplug_and_return(gpu_node: sim.SimNode) -> None:
     assert _inventory(gpu_node) == before
 
 
-def test_read_port_states(tmp_path: Path, ib_node: sim.SimNode) -> None:
+def test_read_port_states(tmp_path: Path, ib_node: SimNode) -> None:
     node = _small(tmp_path / "gpu", hcas=6)
     node.set_port("mlx5_3", up=False)
     node.remove_hca("mlx5_5")
@@ -333,14 +336,14 @@ def test_hostile_hw_counter_files_are_left_out(tmp_path: Path) -> None:
     [("Y\n", "shared"), ("1\n", "shared"), ("N\n", "exclusive"), ("0\n", "exclusive")],
 )
 def test_netns_mode_values(tmp_path: Path, content: str, expected: str) -> None:
-    node = sim.build_node(tmp_path, [])
+    node = build_node(tmp_path, [])
     node.write("module/ib_core/parameters/netns_mode", content)
     assert read_netns_mode(node.sysfs_root) == expected
     assert _inventory(node).netns_mode == expected
 
 
 def test_netns_mode_missing(tmp_path: Path) -> None:
-    node = sim.build_node(tmp_path, [])
+    node = build_node(tmp_path, [])
     node.set_netns_mode(None)
     assert read_netns_mode(node.sysfs_root) is None
     node.set_netns_mode("exclusive")
@@ -350,7 +353,7 @@ def test_netns_mode_missing(tmp_path: Path) -> None:
 # -- GID tables -----------------------------------------------------------------------
 
 
-def _add_gid(node: sim.SimNode, index: int, address: str, gid_type: str | None) -> None:
+def _add_gid(node: SimNode, index: int, address: str, gid_type: str | None) -> None:
     base = "class/infiniband/mlx5_0/ports/1"
     node.write(f"{base}/gids/{index}", address + "\n")
     if gid_type is not None:
@@ -403,8 +406,8 @@ def test_full_gid_table_is_read_to_the_end(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sim.SimNode]:
-    return sim.broken_nodes(tmp_path_factory.mktemp("broken"))
+def broken(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimNode]:
+    return broken_nodes(tmp_path_factory.mktemp("broken"))
 
 
 def _mentions(warning: str, path: Path) -> bool:
@@ -426,7 +429,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("name", BROKEN)
 def test_broken_tree_warns_once_per_damaged_path(
-    broken: dict[str, sim.SimNode], name: str, caplog: pytest.LogCaptureFixture
+    broken: dict[str, SimNode], name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     node = broken[name]
     with caplog.at_level(logging.WARNING, logger="rdma_hca.sysfs"):
@@ -438,23 +441,23 @@ def test_broken_tree_warns_once_per_damaged_path(
     assert [r for r in caplog.records if r.name == "rdma_hca.sysfs"] == []
 
 
-def test_broken_trees_cover_every_builder_case(broken: dict[str, sim.SimNode]) -> None:
+def test_broken_trees_cover_every_builder_case(broken: dict[str, SimNode]) -> None:
     assert set(broken) == {*BROKEN, "missing_dev_node"}
 
 
-def test_dangling_class_symlink_skips_only_that_entry(broken: dict[str, sim.SimNode]) -> None:
+def test_dangling_class_symlink_skips_only_that_entry(broken: dict[str, SimNode]) -> None:
     inv = _inventory(broken["dangling_symlink"])
     assert [h.name for h in inv.hcas] == ["mlx5_0", "mlx5_1"]
     assert all(h.usable for h in inv.hcas)
 
 
-def test_dangling_device_link_leaves_pci_unknown(broken: dict[str, sim.SimNode]) -> None:
+def test_dangling_device_link_leaves_pci_unknown(broken: dict[str, SimNode]) -> None:
     hca = _by_name(_inventory(broken["dangling_device"]))["mlx5_1"]
     assert (hca.pci_address, hca.numa_node, hca.driver) == (None, None, None)
     assert hca.ports[0].netdevs == ("eth1",)  # still known from the GIDs
 
 
-def test_garbage_state_is_unknown_and_down(broken: dict[str, sim.SimNode]) -> None:
+def test_garbage_state_is_unknown_and_down(broken: dict[str, SimNode]) -> None:
     hca = _by_name(_inventory(broken["garbage_state"]))["mlx5_0"]
     port = hca.ports[0]
     assert (port.state, port.phys_state) == (UNKNOWN, UNKNOWN)
@@ -462,7 +465,7 @@ def test_garbage_state_is_unknown_and_down(broken: dict[str, sim.SimNode]) -> No
     assert hca.numa_node is None
 
 
-def test_missing_uverbs_makes_hca_unusable(broken: dict[str, sim.SimNode]) -> None:
+def test_missing_uverbs_makes_hca_unusable(broken: dict[str, SimNode]) -> None:
     hcas = _by_name(_inventory(broken["missing_uverbs"]))
     assert hcas["mlx5_0"].usable
     bad = hcas["mlx5_1"]
@@ -471,7 +474,7 @@ def test_missing_uverbs_makes_hca_unusable(broken: dict[str, sim.SimNode]) -> No
     assert "ib_uverbs" in bad.problems[0]
 
 
-def test_missing_dev_node_makes_hca_unusable(broken: dict[str, sim.SimNode]) -> None:
+def test_missing_dev_node_makes_hca_unusable(broken: dict[str, SimNode]) -> None:
     node = broken["missing_dev_node"]
     inv = _inventory(node)
     hcas = _by_name(inv)
@@ -486,14 +489,14 @@ def test_missing_dev_node_makes_hca_unusable(broken: dict[str, sim.SimNode]) -> 
 
 
 def test_port_without_files_and_bad_port_names_are_skipped(
-    broken: dict[str, sim.SimNode],
+    broken: dict[str, SimNode],
 ) -> None:
     for name in ("empty_port", "bad_port_name"):
         hca = _by_name(_inventory(broken[name]))["mlx5_0"]
         assert [p.number for p in hca.ports] == [1]
 
 
-def test_binary_junk_fields_become_none(broken: dict[str, sim.SimNode]) -> None:
+def test_binary_junk_fields_become_none(broken: dict[str, SimNode]) -> None:
     hcas = _by_name(_inventory(broken["binary_junk"]))
     assert hcas["mlx5_0"].fw_ver is None
     assert hcas["mlx5_0"].node_guid is None
@@ -504,11 +507,11 @@ def test_binary_junk_fields_become_none(broken: dict[str, sim.SimNode]) -> None:
     assert all(h.usable for h in hcas.values())
 
 
-def test_dangling_uverbs_does_not_hurt_others(broken: dict[str, sim.SimNode]) -> None:
+def test_dangling_uverbs_does_not_hurt_others(broken: dict[str, SimNode]) -> None:
     assert all(h.usable for h in _inventory(broken["dangling_uverbs"]).hcas)
 
 
-def test_bad_netns_mode_is_unknown(broken: dict[str, sim.SimNode]) -> None:
+def test_bad_netns_mode_is_unknown(broken: dict[str, SimNode]) -> None:
     assert _inventory(broken["bad_netns"]).netns_mode is None
     assert read_netns_mode(broken["bad_netns"].sysfs_root) is None
 
@@ -517,18 +520,18 @@ def test_bad_netns_mode_is_unknown(broken: dict[str, sim.SimNode]) -> None:
 
 
 @pytest.fixture(scope="module")
-def fuzz_node(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def fuzz_node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     specs = [
-        sim.HcaSpec(
+        HcaSpec(
             name=f"mlx5_{i}",
             pci_address=f"0000:{0x3B + i:02x}:00.0",
             numa_node=i,
-            ports=(sim.PortSpec(netdev=f"eth{i}", ipv4=f"10.0.{i}.1", gid_table_size=8),),
+            ports=(PortSpec(netdev=f"eth{i}", ipv4=f"10.0.{i}.1", gid_table_size=8),),
             uverbs_index=i,
         )
         for i in range(2)
     ]
-    return sim.build_node(tmp_path_factory.mktemp("fuzz"), specs)
+    return build_node(tmp_path_factory.mktemp("fuzz"), specs)
 
 
 FUZZ_TARGETS = [
@@ -556,7 +559,7 @@ FUZZ_TARGETS = [
 @given(
     writes=st.lists(st.tuples(st.sampled_from(FUZZ_TARGETS), st.binary(max_size=80)), max_size=6)
 )
-def test_random_bytes_never_raise(fuzz_node: sim.SimNode, writes: list[tuple[str, bytes]]) -> None:
+def test_random_bytes_never_raise(fuzz_node: SimNode, writes: list[tuple[str, bytes]]) -> None:
     for rel, data in writes:
         fuzz_node.write(rel, data)
     inv = _inventory(fuzz_node)

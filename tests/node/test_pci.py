@@ -13,16 +13,18 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("gpu"), gid_table_size=8)
 
 
-def _hcas(node: sim.SimNode) -> dict[str, Hca]:
+def _hcas(node: SimNode) -> dict[str, Hca]:
     return {h.name: h for h in discover_node(node.sysfs_root, node.dev_root).hcas}
 
 
@@ -34,7 +36,7 @@ def _root_the_kubernetes_way(sysfs: Path, bus_id: str) -> str:
     return rel.split(os.sep)[0]
 
 
-def test_every_hca_has_the_root_of_its_tree(gpu: sim.SimNode) -> None:
+def test_every_hca_has_the_root_of_its_tree(gpu: SimNode) -> None:
     hcas = _hcas(gpu)
     assert set(hcas) == set(gpu.specs)
     for name, hca in hcas.items():
@@ -45,7 +47,7 @@ def test_every_hca_has_the_root_of_its_tree(gpu: sim.SimNode) -> None:
         assert hca.pcie_root == _root_the_kubernetes_way(gpu.sysfs_root, spec.pci_address or "")
 
 
-def test_gpu_node_has_several_roots_each_with_two_gpus_beside_two_hcas(gpu: sim.SimNode) -> None:
+def test_gpu_node_has_several_roots_each_with_two_gpus_beside_two_hcas(gpu: SimNode) -> None:
     hcas = _hcas(gpu)
     roots = {h.pcie_root for h in hcas.values()}
     assert len(roots) == 5  # four GPU switches and the bond's own root
@@ -84,18 +86,18 @@ def test_soft_devices_have_no_pci_place(tmp_path: Path) -> None:
 
 def test_bus_id_outside_the_standard_form_gets_no_attributes(tmp_path: Path) -> None:
     # VMD domains have five digits; Kubernetes accepts only four, so no pciBusID/pcieRoot.
-    spec = sim.HcaSpec(name="mlx5_0", pci_address="10000:e1:00.0", pcie_root="pci10000:e0",
+    spec = HcaSpec(name="mlx5_0", pci_address="10000:e1:00.0", pcie_root="pci10000:e0",
                        bridges=("10000:e0:01.0",), uverbs_index=0,
-                       ports=(sim.PortSpec(netdev="eth0", gid_table_size=4),))
-    node = sim.build_node(tmp_path / "vmd", [spec])
+                       ports=(PortSpec(netdev="eth0", gid_table_size=4),))
+    node = build_node(tmp_path / "vmd", [spec])
     hca = _hcas(node)["mlx5_0"]
     assert hca.pci_address == "10000:e1:00.0"
     assert (hca.pci_bus_id, hca.pcie_root) == (None, None)
 
 
 def test_device_under_a_non_pci_root_has_no_pcie_root(tmp_path: Path) -> None:
-    spec = sim.HcaSpec(name="hns_0", driver=None, pci_address=None,
+    spec = HcaSpec(name="hns_0", driver=None, pci_address=None,
                        parent_device="platform/HISI00C2:00", uverbs_index=0,
-                       ports=(sim.PortSpec(netdev="eth0", gid_table_size=4),))
-    hca = _hcas(sim.build_node(tmp_path / "platform", [spec]))["hns_0"]
+                       ports=(PortSpec(netdev="eth0", gid_table_size=4),))
+    hca = _hcas(build_node(tmp_path / "platform", [spec]))["hns_0"]
     assert (hca.pci_address, hca.pci_bus_id, hca.pcie_root) == (None, None, None)

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.hostile import hostile_nodes
+from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node, mlx5_roce_bond_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.node.port_polls import listed_hcas, read_port_counters, read_port_states
@@ -22,7 +25,7 @@ from rdma_hca.node.sysfs_values import (
 )
 
 
-def _inventory(node: sim.SimNode) -> NodeInventory:
+def _inventory(node: SimNode) -> NodeInventory:
     return discover_node(node.sysfs_root, node.dev_root)
 
 
@@ -35,15 +38,15 @@ def _mentions(warning: str, path: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sim.SimNode]:
-    return sim.hostile_nodes(tmp_path_factory.mktemp("hostile"))
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimNode]:
+    return hostile_nodes(tmp_path_factory.mktemp("hostile"))
 
 
 # -- real-world shapes ----------------------------------------------------------------
 
 
 def test_mlx4_prefix_only_gid_table_has_one_gid_per_port(tmp_path: Path) -> None:
-    node = sim.mlx4_infiniband_node(tmp_path / "mlx4")
+    node = mlx4_infiniband_node(tmp_path / "mlx4")
     table = node.port_dir("mlx4_0") / "gids"
     assert len(os.listdir(table)) == 128
     assert (table / "5").read_text() == "fe80:0000:0000:0000:0000:0000:0000:0000\n"
@@ -62,7 +65,7 @@ def test_mlx4_prefix_only_gid_table_has_one_gid_per_port(tmp_path: Path) -> None
 
 
 def test_mlx5_lag_bond_beside_a_down_port(tmp_path: Path) -> None:
-    node = sim.mlx5_roce_bond_node(tmp_path / "lag")
+    node = mlx5_roce_bond_node(tmp_path / "lag")
     inv = _inventory(node)
     assert inv.warnings == ()
     hcas = _by_name(inv)
@@ -82,7 +85,7 @@ def test_mlx5_lag_bond_beside_a_down_port(tmp_path: Path) -> None:
 # -- hostile trees --------------------------------------------------------------------
 
 
-def test_hostile_trees_name_every_damaged_path_once(hostile: dict[str, sim.SimNode]) -> None:
+def test_hostile_trees_name_every_damaged_path_once(hostile: dict[str, SimNode]) -> None:
     assert set(hostile) == {"prefix_only_gids", "non_utf8_names", "impossible_numbers",
                             "state_mismatch", "unreadable_state"}
     for name, node in hostile.items():
@@ -94,12 +97,12 @@ def test_hostile_trees_name_every_damaged_path_once(hostile: dict[str, sim.SimNo
             assert len(hits) == 1, (name, path, inv.warnings)
 
 
-def test_infiniband_prefix_only_entries_are_unused(hostile: dict[str, sim.SimNode]) -> None:
+def test_infiniband_prefix_only_entries_are_unused(hostile: dict[str, SimNode]) -> None:
     hca = _by_name(_inventory(hostile["prefix_only_gids"]))["mlx5_0"]
     assert [g.index for g in hca.ports[0].gids] == [0]
 
 
-def test_the_number_of_a_state_decides(hostile: dict[str, sim.SimNode]) -> None:
+def test_the_number_of_a_state_decides(hostile: dict[str, SimNode]) -> None:
     node = hostile["state_mismatch"]
     hcas = _by_name(_inventory(node))
     assert hcas["mlx5_0"].ports[0].phys_state == "LinkUp"
@@ -113,7 +116,7 @@ def test_the_number_of_a_state_decides(hostile: dict[str, sim.SimNode]) -> None:
 
 
 def test_a_port_whose_state_cannot_be_read_is_unknown_not_gone(
-    hostile: dict[str, sim.SimNode],
+    hostile: dict[str, SimNode],
 ) -> None:
     node = hostile["unreadable_state"]
     hca = _by_name(_inventory(node))["mlx5_0"]
@@ -122,7 +125,7 @@ def test_a_port_whose_state_cannot_be_read_is_unknown_not_gone(
     assert read_port_states(node.sysfs_root, ["mlx5_0"]) == {("mlx5_0", 1): (UNKNOWN, "LinkUp")}
 
 
-def test_impossible_numbers_are_unknown(hostile: dict[str, sim.SimNode]) -> None:
+def test_impossible_numbers_are_unknown(hostile: dict[str, SimNode]) -> None:
     node = hostile["impossible_numbers"]
     hcas = _by_name(_inventory(node))
     assert (hcas["mlx5_0"].ports[0].rate, hcas["mlx5_0"].ports[0].rate_gbps) == ("", None)
@@ -146,7 +149,7 @@ def test_impossible_lid_and_port_number(tmp_path: Path) -> None:
 
 
 def test_non_utf8_names_are_escaped_and_the_hca_is_not_offered(
-    hostile: dict[str, sim.SimNode],
+    hostile: dict[str, SimNode],
 ) -> None:
     node = hostile["non_utf8_names"]
     inv = _inventory(node)

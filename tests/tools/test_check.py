@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, no_rdma_node
+from rdma_hca.devkit.sim.nodes import gpu_node, no_rdma_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.tools.check import main
 
 GOOD_LIMITS = """\

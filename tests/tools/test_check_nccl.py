@@ -10,6 +10,7 @@ import pytest
 
 from rdma_hca.daemon.offer.env import EnvSettings, build
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import NcclEnv
 from rdma_hca.tools.check import main
@@ -21,7 +22,7 @@ MOUNTINFO = ("1495 1491 0:154 / /dev/shm rw,nosuid,nodev - tmpfs shm rw,size=838
 
 
 class Pod:
-    def __init__(self, node: sim.SimNode, tmp_path: Path) -> None:
+    def __init__(self, node: SimNode, tmp_path: Path) -> None:
         self.node = node
         self.proc = tmp_path / "proc"
         (self.proc / "self").mkdir(parents=True)

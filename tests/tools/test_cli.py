@@ -14,12 +14,13 @@ import pytest
 
 from rdma_hca import cli
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.decl import BY_KEY, SETTINGS
 from rdma_hca.settings.model import Settings
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     # Read only by these tests: one tree for the module keeps them fast.
     return sim.gpu_node(tmp_path_factory.mktemp("cli") / "node")
 
@@ -62,7 +63,7 @@ def test_serve_flags_reach_the_settings() -> None:
 
 
 def test_discover_honours_the_root_variables(capsys: pytest.CaptureFixture[str],
-                                             gpu: sim.SimNode) -> None:
+                                             gpu: SimNode) -> None:
     env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root)}
     code, out, err = run(capsys, ["discover", "--json"], env)
     assert code == 0, err
@@ -74,7 +75,7 @@ def test_discover_honours_the_root_variables(capsys: pytest.CaptureFixture[str],
 
 
 def test_doctor_node_honours_the_root_variables(capsys: pytest.CaptureFixture[str],
-                                                gpu: sim.SimNode, tmp_path: Path) -> None:
+                                                gpu: SimNode, tmp_path: Path) -> None:
     env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root),
            "RDMA_HCA_KUBELET_ROOT": str(tmp_path / "kubelet")}
     code, out, _err = run(capsys, ["doctor", "--node", "--json",
@@ -100,7 +101,7 @@ def test_every_tool_refuses_a_missing_root_from_the_variable(
 
 
 def test_unknown_variables_are_warned_about(capsys: pytest.CaptureFixture[str],
-                                            gpu: sim.SimNode) -> None:
+                                            gpu: SimNode) -> None:
     env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_DEV_ROOT": str(gpu.dev_root),
            "RDMA_HCA_DEV_ROTO": "/x"}
     code, _, err = run(capsys, ["discover"], env)
@@ -110,7 +111,7 @@ def test_unknown_variables_are_warned_about(capsys: pytest.CaptureFixture[str],
 
 
 def test_a_bad_shared_variable_is_a_usage_error(capsys: pytest.CaptureFixture[str],
-                                                gpu: sim.SimNode) -> None:
+                                                gpu: SimNode) -> None:
     env = {"RDMA_HCA_SYSFS_ROOT": str(gpu.sysfs_root), "RDMA_HCA_READ_DEADLINE_SECONDS": "x"}
     code, _, err = run(capsys, ["discover"], env)
     assert code == 2
@@ -137,7 +138,7 @@ def test_root_that_is_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path)
 
 
 def test_sysfs_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
-                                       gpu: sim.SimNode) -> None:
+                                       gpu: SimNode) -> None:
     above = gpu.sysfs_root.parent
     code, _, err = run(capsys, ["discover", "--sysfs-root", str(above),
                                 "--dev-root", str(gpu.dev_root)])
@@ -146,7 +147,7 @@ def test_sysfs_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
 
 
 def test_dev_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
-                                     gpu: sim.SimNode) -> None:
+                                     gpu: SimNode) -> None:
     code, _, err = run(capsys, ["discover", "--sysfs-root", str(gpu.sysfs_root),
                                 "--dev-root", str(gpu.dev_root.parent)])
     assert code == 2
@@ -164,7 +165,7 @@ def test_a_root_without_infiniband_is_a_node_without_rdma(
 
 
 def test_serve_refuses_a_root_one_level_too_high(capsys: pytest.CaptureFixture[str],
-                                                 gpu: sim.SimNode) -> None:
+                                                 gpu: SimNode) -> None:
     code, _, err = run(capsys, ["serve", "--sysfs-root", str(gpu.sysfs_root.parent)])
     assert code == 2
     assert err.startswith("rdma-hca serve: config error: sysfsRoot:")
@@ -173,7 +174,7 @@ def test_serve_refuses_a_root_one_level_too_high(capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("layer", ["flag", "variable"])
 def test_serve_refuses_a_kubelet_root_that_is_a_file_at_once(
-        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], gpu: SimNode, tmp_path: Path,
         layer: str) -> None:
     a_file = tmp_path / "passwd"
     a_file.write_text("root:x:0:0\n")
@@ -204,7 +205,7 @@ def test_serve_names_the_config_variable_it_could_not_read(
 
 
 def test_serve_logs_warnings_before_serving(capsys: pytest.CaptureFixture[str],
-                                            gpu: sim.SimNode,
+                                            gpu: SimNode,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[Settings] = []
 
@@ -231,7 +232,7 @@ def test_serve_logs_warnings_before_serving(capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.parametrize("argv", [["discover"], ["discover", "--json"], ["doctor", "--node"]])
-def test_closed_stdout_exits_quietly(gpu: sim.SimNode, argv: list[str]) -> None:
+def test_closed_stdout_exits_quietly(gpu: SimNode, argv: list[str]) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before anything is written: `| head` at its end
     try:
@@ -278,7 +279,7 @@ def test_simulate_into_a_new_directory(capsys: pytest.CaptureFixture[str],
 
 
 def test_serve_uses_the_environment_given_to_main(capsys: pytest.CaptureFixture[str],
-                                                  gpu: sim.SimNode,
+                                                  gpu: SimNode,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[Settings] = []
     monkeypatch.setattr(cli, "_command", lambda *_: lambda s: served.append(s) or 0)
@@ -351,7 +352,7 @@ def test_check_proc_root_that_cannot_be_used_is_a_usage_error(
 
 
 def test_doctor_node_takes_the_kubelet_root(capsys: pytest.CaptureFixture[str],
-                                            gpu: sim.SimNode, tmp_path: Path) -> None:
+                                            gpu: SimNode, tmp_path: Path) -> None:
     (tmp_path / "kubelet" / "device-plugins").mkdir(parents=True)
     code, out, _ = run(capsys, ["doctor", "--node", "--json", "--sysfs-root", str(gpu.sysfs_root),
                                 "--dev-root", str(gpu.dev_root),
@@ -384,7 +385,7 @@ def test_one_status_per_signal_as_documented(command: str, sig: str, status: int
 
 
 def test_serve_refuses_a_device_plugins_directory_that_is_a_file(
-        capsys: pytest.CaptureFixture[str], gpu: sim.SimNode, tmp_path: Path) -> None:
+        capsys: pytest.CaptureFixture[str], gpu: SimNode, tmp_path: Path) -> None:
     (tmp_path / "device-plugins").write_text("")
     code, _, err = run(capsys, ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root",
                                 str(gpu.dev_root), "--kubelet-root", str(tmp_path)])
@@ -425,7 +426,7 @@ def _prefix(command: list[str]) -> str:
 @pytest.mark.parametrize("layer", ["flag", "variable"])
 @pytest.mark.parametrize(("key", "kind"), [("sysfsRoot", "sysfs"), ("devRoot", "dev")])
 def test_a_missing_root_names_the_layer_that_gave_it(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: sim.SimNode,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: SimNode,
         tmp_path: Path, command: list[str], layer: str, key: str, kind: str) -> None:
     served = _fake_serve(monkeypatch)
     good = {"sysfsRoot": str(gpu.sysfs_root), "devRoot": str(gpu.dev_root)}
@@ -442,7 +443,7 @@ def test_a_missing_root_names_the_layer_that_gave_it(
 @pytest.mark.parametrize("layer", ["flag", "variable"])
 @pytest.mark.parametrize("key", ["kubeletRoot", "kubeletDir", "derived kubeletDir"])
 def test_a_kubelet_directory_that_is_a_file_names_the_layer_that_gave_it(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: sim.SimNode,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, gpu: SimNode,
         tmp_path: Path, command: list[str], layer: str, key: str) -> None:
     served = _fake_serve(monkeypatch)
     machine = ["--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]

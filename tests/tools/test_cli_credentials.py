@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("creds") / "node")
 
 
@@ -29,7 +30,7 @@ def rdma_hca(argv: list[str], home: Path, **env: str) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_serve_dra_names_only_what_serve_accepts(gpu: sim.SimNode, tmp_path: Path) -> None:
+def test_serve_dra_names_only_what_serve_accepts(gpu: SimNode, tmp_path: Path) -> None:
     # The driver's socket paths must fit a unix socket's 107 bytes, which a pytest temp
     # path may not: the kubelet root is a short directory under /tmp.
     with tempfile.TemporaryDirectory(prefix="kubelet-", dir="/tmp") as kubelet:

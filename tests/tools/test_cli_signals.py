@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 SRC = str(Path(__file__).parents[2] / "src")
 
@@ -44,11 +45,11 @@ def wait_for(proc: subprocess.Popen[str], marker: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("signals") / "node")
 
 
-def serve_argv(gpu: sim.SimNode, plugin_dir: Path) -> list[str]:
+def serve_argv(gpu: SimNode, plugin_dir: Path) -> list[str]:
     return [sys.executable, "-m", "rdma_hca.cli", "serve", "--sysfs-root", str(gpu.sysfs_root),
             "--dev-root", str(gpu.dev_root), "--kubelet-dir", str(plugin_dir),
             "--metrics-address", ""]
@@ -62,7 +63,7 @@ MOMENTS = {"cli-imports": "_yaml", "daemon-imports": "cygrpc"}
 @pytest.mark.parametrize("moment", list(MOMENTS))
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)],
                          ids=["INT", "TERM"])
-def test_serve_stopped_while_starting(gpu: sim.SimNode, tmp_path: Path, moment: str,
+def test_serve_stopped_while_starting(gpu: SimNode, tmp_path: Path, moment: str,
                                       sig: signal.Signals, status: int) -> None:
     proc = subprocess.Popen(serve_argv(gpu, tmp_path), env=child_env(), text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -85,7 +86,7 @@ def test_serve_stopped_while_starting(gpu: sim.SimNode, tmp_path: Path, moment: 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
                          ids=["INT", "TERM"])
-def test_a_tool_stopped_while_starting(gpu: sim.SimNode, sig: signal.Signals,
+def test_a_tool_stopped_while_starting(gpu: SimNode, sig: signal.Signals,
                                        status: int) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "rdma_hca.cli", "discover",
                              "--sysfs-root", str(gpu.sysfs_root)], env=child_env(), text=True,
@@ -103,7 +104,7 @@ def test_a_tool_stopped_while_starting(gpu: sim.SimNode, sig: signal.Signals,
     assert (proc.returncode, err) == (status, f"rdma-hca discover: stopped by {sig.name}\n")
 
 
-def test_the_installed_command_takes_the_signals_over_as_early(gpu: sim.SimNode,
+def test_the_installed_command_takes_the_signals_over_as_early(gpu: SimNode,
                                                                tmp_path: Path) -> None:
     # What pip writes for the console script: `rdma-hca` imports the CLI, then calls main.
     script = tmp_path / "rdma-hca"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rdma_hca import cli
-from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import FakeCluster
 from rdma_hca.devkit.kube.objects import daemonset, node, pod
 from rdma_hca.devkit.sim import nodes as sim
 

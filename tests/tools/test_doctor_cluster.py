@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import TOKEN, FakeCluster
 from rdma_hca.devkit.kube.objects import CREATED, daemonset, node, pod
 from rdma_hca.tools.doctor import main
 

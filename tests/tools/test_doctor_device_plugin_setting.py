@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from rdma_hca import cli
-from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import FakeCluster
 from rdma_hca.devkit.kube.objects import daemonset, node, pod, resource_slice
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.decl import BY_KEY
 from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.doctor import main as doctor_main
@@ -28,7 +30,7 @@ COMMAND_LINES = [["--no-device-plugin"], ["--device-plugin"],
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("dp") / "node")
 
 
@@ -41,7 +43,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def serve_reads(gpu: sim.SimNode, config: Path, capsys: pytest.CaptureFixture[str],
+def serve_reads(gpu: SimNode, config: Path, capsys: pytest.CaptureFixture[str],
                 monkeypatch: pytest.MonkeyPatch, words: list[str],
                 env: dict[str, str]) -> bool | str:
     """What `rdma-hca serve` makes of it: the value it serves with, or its error."""
@@ -71,7 +73,7 @@ def doctor_reads(words: list[str], env: dict[str, str]) -> bool | str | None:
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
 def test_doctor_and_serve_agree_on_every_spelling_of_the_variable(
-        gpu: sim.SimNode, config: Path, capsys: pytest.CaptureFixture[str],
+        gpu: SimNode, config: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch, spelling: str) -> None:
     served = serve_reads(gpu, config, capsys, monkeypatch, [], {VAR: spelling})
     read = doctor_reads([], {VAR: spelling})
@@ -89,7 +91,7 @@ def test_doctor_and_serve_agree_on_every_spelling_of_the_variable(
 @pytest.mark.parametrize("words", COMMAND_LINES, ids=" ".join)
 @pytest.mark.parametrize("variable", [None, "false", "true"])
 def test_doctor_and_serve_agree_on_flags_and_which_layer_wins(
-        gpu: sim.SimNode, config: Path, capsys: pytest.CaptureFixture[str],
+        gpu: SimNode, config: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch, words: list[str], variable: str | None) -> None:
     env = {} if variable is None else {VAR: variable}
     served = serve_reads(gpu, config, capsys, monkeypatch, words, env)

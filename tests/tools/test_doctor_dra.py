@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import TOKEN, FakeCluster
 from rdma_hca.devkit.kube.objects import (
     CREATED,
     daemonset,

@@ -17,7 +17,8 @@ from celpy.adapter import json_to_cel
 
 from rdma_hca.contract.dra import NODE_DEVICE, hca_selector
 from rdma_hca.daemon.dra.devices import DeviceOffer
-from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import FakeCluster
 from rdma_hca.devkit.kube.objects import (
     CREATED,
     daemonset,

@@ -14,7 +14,8 @@ import pytest
 
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.dra.devices import DeviceOffer
-from rdma_hca.devkit.kube.apiserver import FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import FakeCluster
 from rdma_hca.devkit.kube.objects import (
     CREATED,
     daemonset,

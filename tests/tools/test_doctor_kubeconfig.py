@@ -16,17 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rdma_hca.devkit.kube.apiserver import TOKEN, FakeCluster, serve, write_kubeconfig
+from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.cluster import TOKEN, FakeCluster
 from rdma_hca.devkit.kube.objects import daemonset, node, pod
+from rdma_hca.kube.credentials import Credentials, load_credentials
+from rdma_hca.kube.errors import KubeconfigError, NotFoundError, UnreachableError
 from rdma_hca.tools.doctor import main
-from rdma_hca.tools.doctor.kubeapi import (
-    Credentials,
-    KubeClient,
-    KubeconfigError,
-    NotFoundError,
-    UnreachableError,
-    load_credentials,
-)
+from rdma_hca.tools.doctor.kubeapi import KubeClient
 
 # A throw-away CA, a server certificate for IP 127.0.0.1 and a client certificate (CN viewer),
 # valid for a century, made with openssl for these tests only.

@@ -16,13 +16,9 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.sim.nodes import (
-    SimNode,
-    gpu_node,
-    hostile_nodes,
-    infiniband_node,
-    no_rdma_node,
-)
+from rdma_hca.devkit.sim.hostile import hostile_nodes
+from rdma_hca.devkit.sim.nodes import gpu_node, infiniband_node, no_rdma_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.tools.doctor import add_parser, main
 from rdma_hca.tools.doctor import node as doctor_node
 from rdma_hca.tools.doctor.result import parse_command

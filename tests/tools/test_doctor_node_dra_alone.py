@@ -17,7 +17,8 @@ import pytest
 
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import DraStatus, Status
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.probe import probe_socket_path
 from rdma_hca.tools.doctor import main
 

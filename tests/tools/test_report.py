@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
+from rdma_hca.devkit.sim.tree import SimNode, build_node
+from rdma_hca.kit.exitcodes import EXIT_FAIL as EXIT_STALLED
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.tools import report
 from rdma_hca.tools.report import JSON_VERSION, inventory_to_json, render_inventory
 
 
-def _inventory(node: sim.SimNode) -> NodeInventory:
+def _inventory(node: SimNode) -> NodeInventory:
     return discover_node(node.sysfs_root, node.dev_root)
 
 
@@ -39,12 +42,12 @@ def _row(lines: list[str], first: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory: pytest.TempPathFactory) -> sim.SimNode:
+def gpu(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return sim.gpu_node(tmp_path_factory.mktemp("gpu"))
 
 
 @pytest.fixture(scope="module")
-def gpu_text(gpu: sim.SimNode) -> str:
+def gpu_text(gpu: SimNode) -> str:
     return render_inventory(_inventory(gpu))
 
 
@@ -60,7 +63,7 @@ def test_lines_fit_in_100_columns(gpu_text: str) -> None:
     assert max(len(line) for line in gpu_text.splitlines()) <= 100
 
 
-def test_hca_table(gpu: sim.SimNode, gpu_text: str) -> None:
+def test_hca_table(gpu: SimNode, gpu_text: str) -> None:
     table = _section(gpu_text, "HCAs")
     assert table[0].split() == [
         "HCA", "DRIVER", "PCI", "PCIE-ROOT", "NUMA", "ID", "FIRMWARE", "BOARD", "USABLE"
@@ -98,7 +101,7 @@ def test_gid_table_shows_only_roce_v2(gpu_text: str) -> None:
     assert table[-1].startswith("0 of 9 HCAs have a global IPv6 RoCE v2 GID")
 
 
-def test_device_nodes_follow_discovery(gpu: sim.SimNode, gpu_text: str) -> None:
+def test_device_nodes_follow_discovery(gpu: SimNode, gpu_text: str) -> None:
     table = _section(gpu_text, "Device nodes (/dev/infiniband)")
     for name in gpu.specs:
         assert _row(table, name) == [name, gpu.uverbs_name(name), gpu.umad_name(name), "-"]
@@ -131,7 +134,7 @@ def test_unusable_hca_and_down_port(tmp_path: Path) -> None:
     assert "Warnings" not in text
 
 
-def test_infiniband_node(ib_node: sim.SimNode) -> None:
+def test_infiniband_node(ib_node: SimNode) -> None:
     text = render_inventory(_inventory(ib_node))
     ports = _section(text, "Ports")
     assert [r.split()[1] for r in ports[1:]] == ["1", "2"]
@@ -154,14 +157,14 @@ def test_node_without_rdma(tmp_path: Path) -> None:
 
 
 def test_exclusive_netns_mode_is_explained(tmp_path: Path) -> None:
-    node = sim.build_node(tmp_path, [], netns_mode="exclusive")
+    node = build_node(tmp_path, [], netns_mode="exclusive")
     line = render_inventory(_inventory(node)).splitlines()[1]
     assert line.startswith("RDMA netns mode: exclusive")
     assert "hostNetwork" in line
 
 
 def test_warnings_are_listed_and_wrapped(tmp_path: Path) -> None:
-    node = sim.broken_nodes(tmp_path)["binary_junk"]
+    node = broken_nodes(tmp_path)["binary_junk"]
     inv = _inventory(node)
     text = render_inventory(inv)
     warnings = _section(text, f"Warnings ({len(inv.warnings)})")
@@ -172,7 +175,7 @@ def test_warnings_are_listed_and_wrapped(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
-def test_json_shape(gpu: sim.SimNode) -> None:
+def test_json_shape(gpu: SimNode) -> None:
     data: Any = inventory_to_json(_inventory(gpu))
     assert json.loads(json.dumps(data)) == data
     assert list(data) == [
@@ -208,7 +211,7 @@ def test_json_shape(gpu: sim.SimNode) -> None:
     }
 
 
-def test_json_infiniband_device_nodes(ib_node: sim.SimNode) -> None:
+def test_json_infiniband_device_nodes(ib_node: SimNode) -> None:
     data: Any = inventory_to_json(_inventory(ib_node))
     (hca,) = data["hcas"]
     assert hca["device_nodes"] == [
@@ -221,7 +224,7 @@ def test_json_infiniband_device_nodes(ib_node: sim.SimNode) -> None:
 
 
 def test_json_unusable_and_empty(tmp_path: Path) -> None:
-    node = sim.broken_nodes(tmp_path)["missing_uverbs"]
+    node = broken_nodes(tmp_path)["missing_uverbs"]
     data: Any = inventory_to_json(_inventory(node))
     hcas = {h["name"]: h for h in data["hcas"]}
     assert hcas["mlx5_1"]["usable"] is False
@@ -238,11 +241,11 @@ def test_json_unusable_and_empty(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, sim.SimNode]:
-    return sim.hostile_nodes(tmp_path_factory.mktemp("hostile"))
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimNode]:
+    return hostile_nodes(tmp_path_factory.mktemp("hostile"))
 
 
-def _discover(node: sim.SimNode, *, as_json: bool, deadline: float = 5.0) -> tuple[int, str]:
+def _discover(node: SimNode, *, as_json: bool, deadline: float = 5.0) -> tuple[int, str]:
     args = argparse.Namespace(sysfs_root=str(node.sysfs_root), dev_root=str(node.dev_root),
                               json=as_json, read_deadline_seconds=deadline)
     out = io.StringIO()
@@ -250,7 +253,7 @@ def _discover(node: sim.SimNode, *, as_json: bool, deadline: float = 5.0) -> tup
     return status, out.getvalue()
 
 
-def test_non_utf8_names_are_shown_escaped(hostile: dict[str, sim.SimNode]) -> None:
+def test_non_utf8_names_are_shown_escaped(hostile: dict[str, SimNode]) -> None:
     node = hostile["non_utf8_names"]
     status, text = _discover(node, as_json=False)
     assert status == 0
@@ -265,7 +268,7 @@ def test_non_utf8_names_are_shown_escaped(hostile: dict[str, sim.SimNode]) -> No
 
 
 def test_impossible_numbers_never_reach_json_as_infinity(
-    hostile: dict[str, sim.SimNode],
+    hostile: dict[str, SimNode],
 ) -> None:
     node = hostile["impossible_numbers"]
     _, raw = _discover(node, as_json=True)
@@ -304,31 +307,31 @@ def _small_inventory(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture
-def small(tmp_path: Path) -> Iterator[sim.SimNode]:
+def small(tmp_path: Path) -> Iterator[SimNode]:
     node = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=8)
     yield node
     node.release_fifos()
 
 
-def test_discover_names_a_file_that_never_answers(small: sim.SimNode) -> None:
+def test_discover_names_a_file_that_never_answers(small: SimNode) -> None:
     rel = "class/infiniband/mlx5_1/ports/1/state"
     small.replace_with_fifo(rel)
     path = os.path.abspath(small.sysfs_root / rel)
     status, text = _discover(small, as_json=False, deadline=1.0)
-    assert status == report.EXIT_STALLED
+    assert status == EXIT_STALLED
     stalled = _section(text, "Did not answer within the read deadline (1)")
     assert stalled[0].startswith("- /")
     assert path in "".join(line.removeprefix("- ").strip() for line in stalled)
     assert _row(_section(text, "Ports"), "mlx5_1")[2:4] == ["UNKNOWN", "UNKNOWN"]
     status, raw = _discover(small, as_json=True, deadline=1.0)
-    assert status == report.EXIT_STALLED
+    assert status == EXIT_STALLED
     data = json.loads(raw)
     assert data["stalled"] == [path]
     assert [h["name"] for h in data["hcas"]] == ["mlx5_0", "mlx5_1"]
 
 
 def test_the_discover_command_prints_json_and_exits_0(
-    small: sim.SimNode, capsys: pytest.CaptureFixture[str]
+    small: SimNode, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from rdma_hca import cli
 

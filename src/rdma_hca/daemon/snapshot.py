@@ -14,7 +14,7 @@ from rdma_hca import __version__
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
-from rdma_hca.daemon.dra import DraDriver
+from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
 from rdma_hca.daemon.offer.nodeevents import stats as event_stats

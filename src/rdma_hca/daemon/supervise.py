@@ -26,7 +26,7 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
-from rdma_hca.daemon.dra.sockets import SocketTaken
+from rdma_hca.daemon.dra.kubeletplugin.sockets import SocketTaken
 
 log = logging.getLogger(__name__)
 

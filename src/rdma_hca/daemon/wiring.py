@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
-from rdma_hca.daemon.deviceplugin.kubelet import KUBELET_SOCKET, KubeletLifecycle
+from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
-from rdma_hca.daemon.dra import DraDriver, DriverConfig
+from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import Status

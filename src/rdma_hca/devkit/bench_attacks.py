@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.devkit.bench_procs import BenchError, Child, sample_process, serve_argv
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator

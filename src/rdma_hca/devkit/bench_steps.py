@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.deviceplugin.pool import shared_ids
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.watch.flaps import FLAP_WINDOW_SECONDS
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE

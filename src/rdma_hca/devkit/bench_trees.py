@@ -73,7 +73,7 @@ def tree_specs(hcas: int) -> list[Spec]:
 
 def two_port_hcas(count: int) -> list[Any]:
     """ConnectX-7-like HCAs with two RoCE v2 ports of 256 GIDs each, one netdev per port."""
-    from rdma_hca.devkit.sim.nodes import HcaSpec, PortSpec
+    from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
 
     specs = []
     for i in range(count):
@@ -127,7 +127,7 @@ def _ms(seconds: float) -> float:
 
 async def step_tree(rec: Recorder, hcas: int, runs: int, kubelet_dir: Path) -> None:
     """Build one tree; measure discovery on it, then (for LAG_SIZES) the loop's lag."""
-    from rdma_hca.devkit.sim.nodes import build_node
+    from rdma_hca.devkit.sim.tree import build_node
 
     root = rec.workdir / f"discovery-{hcas}"
     built = time.perf_counter()

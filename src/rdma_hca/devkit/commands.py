@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rdma_hca.devkit.sim import nodes
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.exitcodes import EXIT_USAGE
 
-BUILDERS: dict[str, Callable[[Path], nodes.SimNode]] = {
+BUILDERS: dict[str, Callable[[Path], SimNode]] = {
     "gpu": nodes.gpu_node,
     "gpu-ipv6": lambda r: nodes.gpu_node(r, ipv6=True),
     "infiniband": nodes.infiniband_node,

@@ -33,17 +33,6 @@ from rdma_hca.node.model import CharDevice, Gid, GidKind, Hca, LinkLayer, NodeIn
 from rdma_hca.node.sysfs_values import printable, unusable_warning
 from rdma_hca.tools.deadline import read_deadline
 
-__all__ = [
-    "EXIT_OK",
-    "EXIT_STALLED",
-    "EXIT_USAGE",
-    "JSON_VERSION",
-    "clean_json",
-    "inventory_to_json",
-    "render_inventory",
-    "run",
-]
-
 JSON_VERSION = 2
 """Bumped when a field of :func:`inventory_to_json` changes meaning or goes away.
 2: ``pci_bus_id``, ``pcie_root`` per HCA and ``stalled`` (files that did not answer)."""

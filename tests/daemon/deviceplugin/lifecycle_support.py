@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 
 from rdma_hca.daemon._proto import api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.model import Settings
 
 R = "rdma/hca"

@@ -10,7 +10,7 @@ from lifecycle_support import R, running, settings_for
 
 from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.settings.model import CdiConfig, NcclEnv
 

@@ -16,9 +16,9 @@ from test_logs import json_line
 from test_serve_process import R, serve, serve_argv, wait_registered
 
 from rdma_hca.daemon._proto import api_pb2
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 

@@ -17,12 +17,12 @@ from lifecycle_support import R, plugin_stub, running, settings_for
 
 from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.daemon.deviceplugin.bounds import MAX_RECEIVE_BYTES
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.deviceplugin.plugin import MAX_CONTAINERS, MAX_OTHER_STREAMS
 from rdma_hca.daemon.deviceplugin.pool import exclusive_ids
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.model import Mode, PoolConfig
 
 

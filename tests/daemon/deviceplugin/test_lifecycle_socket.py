@@ -14,10 +14,9 @@ import pytest
 from lifecycle_support import R, running, settings_for
 
 from rdma_hca.daemon._proto import api_pb2
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
-from rdma_hca.daemon.deviceplugin.registration import State
+from rdma_hca.daemon.deviceplugin.registration import State, socket_name
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 
 

@@ -9,7 +9,7 @@ from lifecycle_support import R, plugin_stub, running, settings_for
 
 from rdma_hca.daemon._proto import api_pb2
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.nodes import gpu_node

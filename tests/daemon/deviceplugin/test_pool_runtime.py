@@ -10,7 +10,7 @@ from lifecycle_support import R, running, settings_for
 
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import Mode, PoolConfig, Selectors, UnhealthyWhen

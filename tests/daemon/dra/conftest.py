@@ -16,10 +16,11 @@ from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 @pytest.fixture
-def dra_node(tmp_path: Path) -> sim.SimNode:
+def dra_node(tmp_path: Path) -> SimNode:
     """mlx5_0..mlx5_3 on two NUMA nodes, plus the bonded mlx5_bond_0."""
     return sim.gpu_node(tmp_path / "node", hcas=4, gid_table_size=8)
 
@@ -39,7 +40,7 @@ async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[SliceApi]:
 
 
 @pytest.fixture
-async def stage(dra_node: sim.SimNode, tmp_path: Path,
+async def stage(dra_node: SimNode, tmp_path: Path,
                 api: FakeApiServer) -> AsyncIterator[DraStage]:
     async with DraStage(dra_node, tmp_path / "stage", api=api) as s:
         assert await s.registered(), s.kubelet and s.kubelet.events.refused

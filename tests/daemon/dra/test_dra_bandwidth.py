@@ -29,6 +29,7 @@ from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
 from rdma_hca.settings.model import Mode
@@ -251,7 +252,7 @@ def test_malformed_shares_make_the_checkpoint_unreadable(shares: object) -> None
 
 
 async def test_metrics_show_1e11_held_while_a_claim_holds_100g(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -26,7 +26,7 @@ from rdma_hca.contract.checkpoint import (
 )
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 def _result(device: str, request: str = "hca") -> dict[str, str]:
@@ -96,7 +96,7 @@ def test_todays_format_is_read_and_the_new_one_checks_itself() -> None:
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 async def test_a_prepare_that_cannot_write_its_checkpoint_leaves_nothing(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer, fault: str) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer, fault: str) -> None:
     with small_tmpfs(tmp_path / "state") as state:
         tune = lambda c: dataclasses.replace(  # noqa: E731
             c, checkpoint_path=str(state / "checkpoint.json"))
@@ -130,7 +130,7 @@ async def test_a_prepare_that_cannot_write_its_checkpoint_leaves_nothing(
 
 @pytest.mark.parametrize("damage", ["corrupt", "lost"])
 async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer,
         caplog: pytest.LogCaptureFixture, damage: str) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
@@ -160,7 +160,7 @@ async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
 
 
 async def test_a_version_1_checkpoint_is_migrated(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer,
         caplog: pytest.LogCaptureFixture) -> None:
     work = tmp_path / "s"
     work.mkdir()

@@ -14,15 +14,16 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
-from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim, read_claim
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
 from rdma_hca.devkit.dra.stage import DraStage
-from rdma_hca.devkit.kube.apiserver import FakeApiServer, Recorded
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.kube.cluster import Recorded
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.settings.model import DraConfig, Mode, Settings
@@ -86,7 +87,7 @@ async def test_a_calls_claims_are_read_at_once_and_a_prepared_claim_does_not_wai
 
 
 async def test_a_hanging_api_costs_a_call_one_read_deadline_not_one_per_claim(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer, gate: ClaimGate) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer, gate: ClaimGate) -> None:
     tune = lambda c: dataclasses.replace(c, read_deadline=0.5)  # noqa: E731
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert s.kubelet is not None and await s.registered()
@@ -113,7 +114,7 @@ async def test_one_claim_in_two_calls_is_read_once(stage: DraStage, gate: ClaimG
 
 
 async def test_hooks_see_the_claim_and_a_failing_one_fails_nothing(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer,
         caplog: pytest.LogCaptureFixture) -> None:
     seen: list[tuple[str, tuple[PreparedDevice, ...]]] = []
     gone: list[str] = []
@@ -160,6 +161,29 @@ def test_a_claim_is_parsed_at_the_edge() -> None:
         parse_claim({"metadata": {"namespace": "ns", "name": "c"}})
     with pytest.raises(ClaimError, match="not a ResourceClaim"):
         parse_claim(["x"])
+
+
+def test_the_claim_prepare_parsed_is_what_the_status_writer_reads() -> None:
+    claim = parse_claim({
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u1", "generation": 3},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "r", "driver": DRIVER, "pool": NODE, "device": "mlx5-0"}]}},
+            "devices": [
+                {"driver": DRIVER, "pool": NODE, "device": "mlx5-0",
+                 "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                 "message": "m", "lastTransitionTime": "t",
+                                 "observedGeneration": 2}]},
+                {"driver": "gpu.example.com", "pool": NODE, "device": "gpu-0"},
+                "not an entry"]}})
+    assert claim.generation == 3 and len(claim.entries) == 2
+    [ours] = claim.entries_of(DRIVER)
+    assert ours.key == (DRIVER, NODE, "mlx5-0", "")
+    assert [c.observed_generation for c in ours.conditions] == [2]
+    # An answer to a status write is read as found: what is missing reads as none.
+    answered = read_claim({"status": {"devices": [{"driver": DRIVER}]}})
+    assert (answered.uid, answered.generation, answered.devices) == ("", None, ())
+    assert not answered.allocated and [e.driver for e in answered.entries] == [DRIVER]
 
 
 @pytest.mark.parametrize("mode", [Mode.EXCLUSIVE, Mode.SHARED])

@@ -17,6 +17,7 @@ from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi, claim_path
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import Mode
@@ -32,13 +33,13 @@ async def no_wait(seconds: float) -> None:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> sim.SimNode:
+def node(tmp_path: Path) -> SimNode:
     n = sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
     n.write("class/net/eth1/address", "b8:59:9f:d4:3c:23\n")
     return n
 
 
-def writer(client: SliceApi, node: sim.SimNode, **kw: Any) -> ClaimStatusWriter:
+def writer(client: SliceApi, node: SimNode, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
@@ -62,7 +63,7 @@ def devices(api: FakeApiServer) -> list[dict[str, Any]]:
 
 
 async def test_prepared_devices_get_an_entry_with_ready_and_network_data(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     ref = claim(api)
     w = writer(client, node)
     await w.on_prepared(ref, PREPARED)
@@ -83,7 +84,7 @@ async def test_prepared_devices_get_an_entry_with_ready_and_network_data(
 
 
 async def test_other_drivers_entries_stay_and_ours_go_at_unprepare(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     ref = claim(api)
     gpu_entry = {"driver": GPU, "pool": NODE, "device": "gpu-0"}
     await client.client.apply(  # the GPU driver wrote first, as its own field manager
@@ -101,7 +102,7 @@ async def test_other_drivers_entries_stay_and_ours_go_at_unprepare(
 
 
 async def test_a_concurrent_write_is_no_conflict(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     ref = claim(api)
     w = writer(client, node)
     touched = False
@@ -121,7 +122,7 @@ async def test_a_concurrent_write_is_no_conflict(
 
 
 async def test_with_the_feature_gate_off_one_line_per_writer_and_other_claims_go_on(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         caplog: pytest.LogCaptureFixture) -> None:
     api.cluster.claim_device_status = False
     ref = claim(api)
@@ -143,7 +144,7 @@ async def test_with_the_feature_gate_off_one_line_per_writer_and_other_claims_go
 
 
 async def test_refused_by_rbac_is_said_once(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         caplog: pytest.LogCaptureFixture) -> None:
     api.cluster.forbidden.add("resourceclaims/status")
     ref = claim(api)
@@ -158,7 +159,7 @@ async def test_refused_by_rbac_is_said_once(
 
 
 async def test_a_claim_made_again_under_the_name_is_left_alone(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claim(api)
     w = writer(client, node)
     await w.on_prepared(ClaimRef("ns", "another-uid", "c"), PREPARED)
@@ -167,7 +168,7 @@ async def test_a_claim_made_again_under_the_name_is_left_alone(
 
 
 async def test_addresses_go_in_where_a_source_knows_them(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     ref = claim(api)
     ips = {"eth1": ["10.0.1.11/24", "2001:db8::11/64"]}
     w = writer(client, node, ips_of=lambda n: ips.get(n, []))

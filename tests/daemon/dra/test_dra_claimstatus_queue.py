@@ -14,13 +14,14 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
-from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.inventory import discover_node
@@ -39,7 +40,7 @@ class Sleeps:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> sim.SimNode:
+def node(tmp_path: Path) -> SimNode:
     return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
 
 
@@ -73,7 +74,7 @@ class Claims:
         return self.prepared
 
 
-def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
+def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
@@ -90,14 +91,14 @@ async def held(fault: Any, count: int = 1) -> None:
 
 
 async def test_prepare_then_unprepare_before_the_write_sends_nothing(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     busy, quiet = claims.add("busy"), claims.add("quiet")
     w = writer(client, node, claims, workers=1)
     hold = api.hold(method="PATCH", path="/busy/status")
     await w.on_prepared(busy, claims.prepare(busy))
     await held(hold)  # the one worker is busy: the next claim's write waits its turn
-    await w.on_prepared(quiet, claims.prepare(quiet), api.claim("ns", "quiet"))
+    await w.on_prepared(quiet, claims.prepare(quiet), parse_claim(api.claim("ns", "quiet")))
     claims.prepared.pop(quiet.uid)
     await w.on_unprepared(quiet)
     hold.release()
@@ -108,11 +109,11 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
 
 
 async def test_a_claim_prepared_before_a_restart_gets_its_removal(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     before = writer(client, node, claims)
-    await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(before.drained(), 10)
     await before.close()
     after = writer(client, node, claims)  # a new process: it wrote nothing itself
@@ -122,7 +123,7 @@ async def test_a_claim_prepared_before_a_restart_gets_its_removal(
 
 
 async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)
@@ -141,15 +142,15 @@ async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
 
 
 async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     first, *rest = [claims.add(f"c{i}") for i in range(5)]
     w = writer(client, node, claims, workers=1, max_pending=2)
     hold = api.hold(method="PATCH", path="/c0/status")
-    await w.on_prepared(first, claims.prepare(first), api.claim("ns", "c0"))
+    await w.on_prepared(first, claims.prepare(first), parse_claim(api.claim("ns", "c0")))
     await held(hold)
     for ref in rest:  # four more, two more than the queue holds, while the first is out
-        await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     assert w.set_aside == 2 and w.lost == 0
     hold.release()
     await asyncio.wait_for(w.drained(), 10)
@@ -159,7 +160,7 @@ async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
 
 
 async def test_a_full_queue_of_removals_drops_the_oldest_and_says_so(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         caplog: pytest.LogCaptureFixture) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(4)]
@@ -181,13 +182,13 @@ async def test_a_full_queue_of_removals_drops_the_oldest_and_says_so(
 
 
 async def test_faults_are_retried_with_a_growing_backoff_until_written(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps)
     api.fail(500, method="PATCH", path="/status", times=3)
-    await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("c")) == 1 and puts(api, "c") == 4
     assert len(sleeps.waits) == 3 and sleeps.waits[2] > sleeps.waits[0]
@@ -196,11 +197,11 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
 
 
 async def test_a_claim_written_since_prepare_read_it_is_applied_without_a_read(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     w = writer(client, node, claims)
-    known = api.claim("ns", "c")
+    known = parse_claim(api.claim("ns", "c"))
     api.touch("resourceclaims", "ns", "c")  # someone wrote it after Prepare read it
     await w.on_prepared(ref, claims.prepare(ref), known)
     await asyncio.wait_for(w.drained(), 10)

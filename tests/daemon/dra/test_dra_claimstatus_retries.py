@@ -16,13 +16,14 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
-from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
 from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.inventory import discover_node
@@ -49,7 +50,7 @@ class Sleeps:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> sim.SimNode:
+def node(tmp_path: Path) -> SimNode:
     return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
 
 
@@ -81,7 +82,7 @@ class Claims:
         return self.prepared
 
 
-def writer(client: SliceApi, node: sim.SimNode, claims: Claims, **kw: Any
+def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any
            ) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
@@ -95,14 +96,14 @@ def applies(api: FakeApiServer, name: str) -> int:
 
 
 async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(12)]
     # The server takes no status write: each hangs up without an answer (nothing stored).
     hang = api.hang(60, method="PATCH", path="/status", times=1 << 30)
     before = writer(client, node, claims)
     for ref in refs:
-        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     assert before.pending == 12
     await before.close(drain=0.05)  # bounded: what is left is cancelled
     assert all(claims.entries(ref.name) == [] for ref in refs)
@@ -115,12 +116,12 @@ async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
 
 
 async def test_a_start_writes_nothing_where_the_entries_are_right(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(3)]
     before = writer(client, node, claims)
     for ref in refs:
-        await before.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await before.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     await before.close()  # the drain writes them
     assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
     written = api.count("PATCH")
@@ -138,21 +139,21 @@ async def test_a_start_writes_nothing_where_the_entries_are_right(
     ("7200", 600.0, 600.0),
 ])
 async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode,
+        api: FakeApiServer, client: SliceApi, node: SimNode,
         header: str, cap: float, waited: float) -> None:
     claims = Claims(api)
     ref = claims.add("c")
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps, retry_after_max=cap)
     api.fail(429, retry_after=header, method="PATCH", path="/status")
-    await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", "c"))
+    await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
     assert sleeps.waits == [waited] and len(claims.entries("c")) == 1
     assert applies(api, "c") == 2
 
 
 async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     bad, good = claims.add("bad"), claims.add("good")
     recorder = EventRecorder(client.client, controller=DRIVER, instance=NODE)
@@ -161,10 +162,10 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     sleeps = Sleeps()
     w = writer(client, node, claims, sleep=sleeps, on_refused=events.status_refused)
     refusal = api.fail(422, method="PATCH", path="/bad/status", times=100)
-    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
     assert applies(api, "bad") == REFUSALS and w.refused == REFUSALS
-    await w.on_prepared(good, claims.prepare(good), api.claim("ns", "good"))
+    await w.on_prepared(good, claims.prepare(good), parse_claim(api.claim("ns", "good")))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("good")) == 1
     await recorder.close(grace=10)
@@ -175,16 +176,16 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     assert "HTTP 422" in event["note"]
     # A new state of the claim (the kubelet's next Prepare) is sent again.
     refusal.times = 0
-    await w.on_prepared(bad, claims.prepare(bad), api.claim("ns", "bad"))
+    await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
     assert applies(api, "bad") == REFUSALS + 1 and len(claims.entries("bad")) == 1
 
 
 async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     gone, remade = claims.add("gone"), claims.add("remade")
-    known = {r.name: api.claim("ns", r.name) for r in (gone, remade)}
+    known = {r.name: parse_claim(api.claim("ns", r.name)) for r in (gone, remade)}
     api.delete("resourceclaims", "ns", "gone")
     api.delete("resourceclaims", "ns", "remade")
     claims.add("remade")
@@ -197,7 +198,7 @@ async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
 
 
 async def test_retries_in_backoff_count_toward_the_bound(
-        api: FakeApiServer, client: SliceApi, node: sim.SimNode) -> None:
+        api: FakeApiServer, client: SliceApi, node: SimNode) -> None:
     claims = Claims(api)
     refs = [claims.add(f"c{i}") for i in range(4)]
     sleeps = Sleeps()
@@ -205,13 +206,13 @@ async def test_retries_in_backoff_count_toward_the_bound(
     w = writer(client, node, claims, sleep=sleeps, max_pending=2, workers=1)
     api.fail(500, method="PATCH", path="/status", times=2)
     for ref in refs[:2]:
-        await w.on_prepared(ref, claims.prepare(ref), api.claim("ns", ref.name))
+        await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", ref.name)))
     await asyncio.wait_for(_until(lambda: len(sleeps.waits) == 2), 10)
     assert w.pending == 2 and w.set_aside == 0  # both in backoff: the queue is full
-    await w.on_prepared(refs[2], claims.prepare(refs[2]), api.claim("ns", "c2"))
+    await w.on_prepared(refs[2], claims.prepare(refs[2]), parse_claim(api.claim("ns", "c2")))
     assert w.set_aside == 1 and w.pending == 2
     sleeps.release()
-    await w.on_prepared(refs[3], claims.prepare(refs[3]), api.claim("ns", "c3"))
+    await w.on_prepared(refs[3], claims.prepare(refs[3]), parse_claim(api.claim("ns", "c3")))
     await asyncio.wait_for(w.drained(), 10)
     assert all(len(claims.entries(ref.name)) == 1 for ref in refs)
 

@@ -22,7 +22,7 @@ from rdma_hca.daemon.dra.claimstatus import REFUSALS
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.model import (
     CdiConfig,
@@ -50,7 +50,7 @@ def _get(url: str) -> tuple[int, str]:
         return resp.status, resp.read().decode()
 
 
-def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings:
+def _settings(node: SimNode, root: str, tmp: Path, **kw: object) -> Settings:
     base: dict[str, object] = {
         "sysfs_root": str(node.sysfs_root), "dev_root": str(node.dev_root),
         "kubelet_root": root, "node_name": NODE, "metrics_address": "127.0.0.1:0",
@@ -66,7 +66,7 @@ def _settings(node: sim.SimNode, root: str, tmp: Path, **kw: object) -> Settings
 
 
 async def test_dra_alone_publishes_registers_and_reports(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     kubelet = DraKubelet(kubelet_root, NODE)
@@ -104,7 +104,7 @@ async def test_dra_alone_publishes_registers_and_reports(
 
 
 async def test_the_claim_status_writers_counts_are_in_the_daemons_metrics(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused and dropped status writes, and claims whose write is still to go out, as
     /metrics of the daemon shows them: at 0 from the start, then as the API server does."""
@@ -166,7 +166,7 @@ async def test_the_claim_status_writers_counts_are_in_the_daemons_metrics(
 
 
 async def test_an_hca_both_dra_and_a_pool_select_stops_the_start(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path) -> None:
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path) -> None:
     settings = _settings(
         dra_node, kubelet_root, tmp_path, device_plugin_enabled=True,
         pools=(PoolConfig(selectors=Selectors(names=("mlx5_0", "mlx5_1"))),),
@@ -182,7 +182,7 @@ async def test_an_hca_both_dra_and_a_pool_select_stops_the_start(
 
 
 async def test_serve_with_dra_ends_on_sigterm_and_removes_its_sockets(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(kubelet_root, NODE)
     await kubelet.start()
     env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -222,7 +222,7 @@ def _opened(path: Path) -> int:
 
 
 async def test_a_stuck_cdi_directory_does_not_delay_a_dra_slice_update(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from rdma_hca.daemon.offer.cdi import SPEC_FILE
 
@@ -266,7 +266,7 @@ async def test_a_stuck_cdi_directory_does_not_delay_a_dra_slice_update(
 
 
 async def test_serve_with_dra_and_no_credentials_says_so_in_one_line_and_exits_2(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path) -> None:
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     env.update({"HOME": str(tmp_path / "home"), "NODE_NAME": NODE})
@@ -287,7 +287,7 @@ async def test_serve_with_dra_and_no_credentials_says_so_in_one_line_and_exits_2
 
 
 async def test_dra_alone_waits_for_no_device_plugins_directory_and_is_ready_only_once_published(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     settings = _settings(dra_node, kubelet_root, tmp_path)
@@ -326,7 +326,7 @@ def _claim(device: str) -> list[dict[str, str]]:
 
 
 async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """DRA alone, as the chart runs a surge: the new daemon starts beside the old one on the
     same metrics port, each answers its own probe socket, claims are prepared throughout,
@@ -395,7 +395,7 @@ async def test_a_rolling_update_on_one_node_two_daemons_one_metrics_port(
 @pytest.mark.parametrize(("pod_uid", "device_plugin"), [("", False), ("pod-b", True)],
                          ids=["dra-alone-without-pod-uid", "dra-beside-the-device-plugin"])
 async def test_the_metrics_port_is_shared_only_in_a_dra_alone_rolling_update(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch, pod_uid: str, device_plugin: bool) -> None:
     """Beside an instance that shares the port, a daemon whose pods never overlap (no pod
     UID, or the device plugin on) is refused it before it serves anything."""

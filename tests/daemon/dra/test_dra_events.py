@@ -11,7 +11,7 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 def _result(device: str, pool: str = NODE) -> dict[str, str]:
@@ -37,7 +37,7 @@ def _misallocated_claim(stage: DraStage) -> str:
     return uid
 
 
-async def _failing_claim(stage: DraStage, dra_node: sim.SimNode) -> str:
+async def _failing_claim(stage: DraStage, dra_node: SimNode) -> str:
     uid = stage.api.add_claim("ml", "trainer-hca", [_result("mlx5-1")])
     _reserve(stage.api, "ml", "trainer-hca", "trainer-0")
     dra_node.remove_hca("mlx5_1")
@@ -46,7 +46,7 @@ async def _failing_claim(stage: DraStage, dra_node: sim.SimNode) -> str:
 
 
 async def test_a_failed_prepare_warns_the_pod_with_the_reason_and_the_fix(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     assert stage.kubelet is not None
     uid = await _failing_claim(stage, dra_node)
     started = time.monotonic()
@@ -87,7 +87,7 @@ async def test_21_failures_are_at_most_3_events_with_their_count(stage: DraStage
 
 
 async def test_held_event_requests_delay_neither_a_prepare_nor_a_slice_write(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     assert stage.kubelet is not None and stage.driver is not None
     api = stage.api
     api.hang(60, path="/events", times=10_000)  # discovery and every Event request

@@ -19,13 +19,14 @@ from dra_support import DRIVER, NODE
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.deviceplugin.pool import Allocation, select, shared_ids
 from rdma_hca.daemon.dra.devices import DeviceOffer, hca_device_names
-from rdma_hca.daemon.dra.resourceslice import split
+from rdma_hca.daemon.dra.resourceslice.slices import split
 from rdma_hca.daemon.offer.cdi import build_spec
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.extended import extended_claim, request_name
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import DeviceMetadata, Mode, NcclEnv, PoolConfig
 
@@ -52,7 +53,7 @@ def _container_view(spec: dict[str, Any], cdi_ids: list[str]) -> tuple[list[str]
     return nodes, env
 
 
-def _device_plugin_view(allocation: Allocation, node: sim.SimNode, *,
+def _device_plugin_view(allocation: Allocation, node: SimNode, *,
                         cdi: bool) -> tuple[list[str], dict[str, str]]:
     """What the device plugin's Allocate gives: device specs, or CDI names resolved in the
     device plugin's own CDI spec; its env either way."""
@@ -107,7 +108,7 @@ async def test_the_same_hcas_nodes_and_env_as_allocate_on_a_13_hca_node(
 
 
 async def test_the_kubelet_prepares_an_extended_claim_into_every_hca(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     device = stage.devices()[NODE_DEVICE]
     assert device["allowMultipleAllocations"] is True
     assert device["attributes"][f"{DRIVER}/kind"] == {"string": "node"}
@@ -155,7 +156,7 @@ async def test_two_units_in_one_pod_are_one_cdi_device_and_two_status_entries(
 
 
 async def test_the_node_wide_device_is_tainted_only_when_no_hca_is_up(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     dra_node.set_port("mlx5_0", up=False)
     assert await stage.until(lambda: "taints" in stage.devices().get("mlx5-0", {}))
     node_device = stage.devices()[NODE_DEVICE]
@@ -179,7 +180,7 @@ async def test_the_node_wide_device_is_tainted_only_when_no_hca_is_up(
 
 
 async def test_exclusive_mode_has_no_node_wide_device(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, mode=Mode.EXCLUSIVE) as s:
         assert await s.registered() and await s.until(lambda: bool(s.devices()))
         assert sorted(s.devices()) == ["mlx5-0", "mlx5-1", "mlx5-2", "mlx5-3", "mlx5-bond-0"]
@@ -190,7 +191,7 @@ async def test_exclusive_mode_has_no_node_wide_device(
         assert not (s.cdi_dir / f"{DRIVER}-claim-{uid}.json").exists()
 
 
-def test_the_node_wide_device_counts_toward_the_slice_limits(dra_node: sim.SimNode) -> None:
+def test_the_node_wide_device_counts_toward_the_slice_limits(dra_node: SimNode) -> None:
     inventory = discover_node(dra_node.sysfs_root, dra_node.dev_root)
     # 64 HCAs (one record under 64 names: only the count matters to the limits).
     hcas = [dataclasses.replace(inventory.hcas[0], name=f"mlx5_{i}") for i in range(64)]
@@ -242,7 +243,7 @@ def test_the_fake_api_server_checks_the_request_policy(api: FakeApiServer) -> No
 
 
 async def test_device_metadata_of_the_node_wide_device(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     tune = with_changes(device_metadata=DeviceMetadata.V1ALPHA1)
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert await s.registered() and await s.until(lambda: NODE_DEVICE in s.devices())

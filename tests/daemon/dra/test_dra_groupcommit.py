@@ -27,7 +27,7 @@ from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.offloop import OffLoop
 
 CLAIMS = 12
@@ -91,7 +91,7 @@ async def _until(fact: Callable[[], bool]) -> None:
 
 
 async def test_the_claims_ready_at_one_moment_cost_one_checkpoint_write(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
         keeper = s.driver.preparer
@@ -120,7 +120,7 @@ async def test_the_claims_ready_at_one_moment_cost_one_checkpoint_write(
 
 
 async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
         keeper = s.driver.preparer
@@ -147,7 +147,7 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
 
 
 async def test_two_instances_committing_at_once_keep_each_others_entries(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and s.watcher is not None and await s.registered()
         a = s.driver

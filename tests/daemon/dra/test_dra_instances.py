@@ -17,17 +17,17 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
-from rdma_hca.daemon.dra import sockets as sockets_module
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
+from rdma_hca.daemon.dra.kubeletplugin import sockets as sockets_module
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError
-from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse, SocketTaken
+from rdma_hca.daemon.dra.kubeletplugin.sockets import KubeletSockets, SocketInUse, SocketTaken
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.settings.config import DraConfig
@@ -80,7 +80,7 @@ def _inode(path: str) -> int:
 
 
 async def test_a_second_instance_without_pod_uid_refuses_to_start_and_names_the_first(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.driver is not None and s.watcher is not None and await s.registered()
         first = s.driver
@@ -117,7 +117,7 @@ async def test_a_live_registration_socket_alone_refuses_the_start(root: str) -> 
 
 
 async def test_a_dra_socket_replaced_by_a_live_instance_is_not_taken_back(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.driver is not None and await s.registered()
         sockets = s.driver.helper.sockets
@@ -326,7 +326,7 @@ async def test_the_follower_hands_on_what_the_other_instance_wrote(tmp_path: Pat
 
 
 async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and s.watcher is not None
         assert await s.registered()
@@ -352,7 +352,7 @@ async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
 # --- as processes ----------------------------------------------------------------------------
 
 
-async def _serve(dra_node: sim.SimNode, root: str, env: dict[str, str]
+async def _serve(dra_node: SimNode, root: str, env: dict[str, str]
                  ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rdma_hca.cli", "serve", "--dra", "--no-device-plugin",
@@ -373,7 +373,7 @@ def _slice_writes(api: FakeApiServer) -> list[str]:
 
 
 async def test_two_serve_processes_without_pod_uid_the_second_exits_2_naming_the_first(
-        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
     env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -406,7 +406,7 @@ async def test_two_serve_processes_without_pod_uid_the_second_exits_2_naming_the
 
 
 async def test_an_instance_killed_with_9_leaves_no_socket_once_the_next_one_starts(
-        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
     env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -434,7 +434,7 @@ async def test_an_instance_killed_with_9_leaves_no_socket_once_the_next_one_star
 
 
 async def test_a_serve_process_whose_socket_another_took_exits_2_and_leaves_it_alone(
-        dra_node: sim.SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
     env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),

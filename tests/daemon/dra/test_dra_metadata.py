@@ -17,7 +17,7 @@ from rdma_hca.daemon.dra.metadata import device_attributes
 from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.settings.model import DeviceMetadata, NcclEnv
 
@@ -74,7 +74,7 @@ def _root(stage: DraStage) -> Path:
 
 
 @pytest.fixture
-async def meta_stage(dra_node: sim.SimNode, tmp_path: Path,
+async def meta_stage(dra_node: SimNode, tmp_path: Path,
                      api: FakeApiServer) -> AsyncIterator[DraStage]:
     async with DraStage(dra_node, tmp_path / "m", api=api, env=EnvSettings(nccl=NcclEnv.AUTO),
                         config=with_changes(device_metadata=DeviceMetadata.V1BETA1)) as s:
@@ -83,7 +83,7 @@ async def meta_stage(dra_node: sim.SimNode, tmp_path: Path,
 
 
 async def test_each_request_gets_its_file_in_the_upstream_format(
-        meta_stage: DraStage, dra_node: sim.SimNode) -> None:
+        meta_stage: DraStage, dra_node: SimNode) -> None:
     s = meta_stage
     assert s.kubelet is not None
     uid = s.api.add_claim("team", "two", [_result("mlx5-0", "a"), _result("mlx5-1", "b")])
@@ -143,7 +143,7 @@ async def test_each_request_gets_its_file_in_the_upstream_format(
 
 
 def test_the_added_attributes_fit_the_api_with_the_published_ones(
-        dra_node: sim.SimNode) -> None:
+        dra_node: SimNode) -> None:
     for hca in discover_node(dra_node.sysfs_root, dra_node.dev_root).hcas:
         attrs = device_attributes(hca, DRIVER, ["A=1"])
         _check_schema({"kind": "DeviceMetadata", "metadata": {
@@ -225,7 +225,7 @@ async def test_a_prepare_that_fails_leaves_no_metadata(meta_stage: DraStage, fai
         assert not (s.cdi_dir / f"{DRIVER}-claim-{uid}.json").exists()
 
 
-async def test_v1alpha1_alone_is_one_object(dra_node: sim.SimNode, tmp_path: Path,
+async def test_v1alpha1_alone_is_one_object(dra_node: SimNode, tmp_path: Path,
                                             api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "a", api=api,
                         config=with_changes(device_metadata=DeviceMetadata.V1ALPHA1)) as s:

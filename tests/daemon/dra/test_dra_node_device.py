@@ -15,11 +15,11 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.daemon.dra.devices import NODE_DEVICE, DeviceOffer, default_share
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.slices import SlicePublisher
+from rdma_hca.daemon.dra.resourceslice.publisher import SlicePublisher
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube import validation
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
 from rdma_hca.settings.model import Mode
@@ -28,7 +28,7 @@ BANDWIDTH = f"{DRIVER}/bandwidth"
 G = 10**9
 
 
-def _hcas(node: sim.SimNode) -> tuple[Hca, ...]:
+def _hcas(node: SimNode) -> tuple[Hca, ...]:
     return discover_node(node.sysfs_root, node.dev_root).hcas
 
 
@@ -41,7 +41,7 @@ def _with_rate(hca: Hca, gbps: float) -> Hca:
                                                 for p in hca.ports))
 
 
-def test_without_the_node_device_only_the_hcas_are_offered(dra_node: sim.SimNode) -> None:
+def test_without_the_node_device_only_the_hcas_are_offered(dra_node: SimNode) -> None:
     hcas = _hcas(dra_node)
     on = DeviceOffer.build(hcas, DRIVER, Mode.SHARED, True, None)
     off = DeviceOffer.build(hcas, DRIVER, Mode.SHARED, True, None, node_device_on=False)
@@ -54,7 +54,7 @@ def test_without_the_node_device_only_the_hcas_are_offered(dra_node: sim.SimNode
 
 
 def test_the_default_share_is_the_setting_within_each_hcas_rate(
-        dra_node: sim.SimNode) -> None:
+        dra_node: SimNode) -> None:
     hcas = _hcas(dra_node)
     offer = DeviceOffer.build(hcas, DRIVER, Mode.SHARED, True, None,
                               default_bandwidth=300 * G)
@@ -81,7 +81,7 @@ def test_the_default_share_is_the_setting_within_each_hcas_rate(
 
 @pytest.mark.parametrize("node_device", [True, False])
 async def test_the_strict_api_server_takes_the_slice(
-        api: FakeApiServer, client: SliceApi, dra_node: sim.SimNode, node_device: bool) -> None:
+        api: FakeApiServer, client: SliceApi, dra_node: SimNode, node_device: bool) -> None:
     api.add_node(NODE)
     offer = DeviceOffer.build(_hcas(dra_node), DRIVER, Mode.SHARED, True, None,
                               node_device_on=node_device, default_bandwidth=100 * G)
@@ -97,7 +97,7 @@ async def test_the_strict_api_server_takes_the_slice(
 
 
 async def test_the_driver_follows_both_settings(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     tune = with_changes(node_device=False, default_bandwidth=50 * G)
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert await s.registered() and await s.until(lambda: bool(s.devices()))
@@ -135,7 +135,7 @@ def _cel_device(device: dict[str, Any]) -> Any:
     ('device.attributes["rdma-hca.io"].linkState == "up"', "all", True),
 ])
 def test_a_per_hca_selector_is_false_for_the_node_device_not_an_error(
-        dra_node: sim.SimNode, selector: str, hca_matches: object, node_matches: bool) -> None:
+        dra_node: SimNode, selector: str, hca_matches: object, node_matches: bool) -> None:
     """The scheduler fails the whole allocation on "no such key": a class written as DRA
     guides write it (``device.driver == ...``) also reaches the node-wide device."""
     offer = DeviceOffer.build(_hcas(dra_node), DRIVER, Mode.SHARED, True, None)
@@ -150,7 +150,7 @@ def test_a_per_hca_selector_is_false_for_the_node_device_not_an_error(
     assert (NODE_DEVICE in matched) is node_matches
 
 
-def test_node_device_attributes_say_what_holds_for_every_hca(dra_node: sim.SimNode) -> None:
+def test_node_device_attributes_say_what_holds_for_every_hca(dra_node: SimNode) -> None:
     hcas = _hcas(dra_node)
     node = _by_name(DeviceOffer.build(hcas, DRIVER, Mode.SHARED, True, None))[NODE_DEVICE]
     attrs = {k.rpartition("/")[2]: next(iter(v.values()))

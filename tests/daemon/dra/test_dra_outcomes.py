@@ -18,7 +18,7 @@ from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.model import DraConfig, Settings
 
@@ -83,7 +83,7 @@ async def test_a_claim_unprepare_cannot_remove_counts_one_error(stage: DraStage)
 
 
 async def test_the_daemon_serves_the_outcomes_at_zero_from_the_start(
-        dra_node: sim.SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, kubelet_root: str, tmp_path: Path, api: FakeApiServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     kubelet = DraKubelet(kubelet_root, NODE)

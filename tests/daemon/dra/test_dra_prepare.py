@@ -20,6 +20,7 @@ from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.offloop import Stalled
 from rdma_hca.settings.model import NcclEnv
 
@@ -44,7 +45,7 @@ def _claim_gets(api: FakeApiServer) -> int:
 
 
 async def test_prepare_answers_cdi_ids_after_writing_the_spec(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     assert stage.kubelet is not None
     uid = stage.api.add_claim("team", "two", [_result("mlx5-0", "a"), _result("mlx5-1", "b")])
     resp = await stage.kubelet.prepare(DRIVER, [("team", uid, "two")])
@@ -71,7 +72,7 @@ async def test_prepare_answers_cdi_ids_after_writing_the_spec(
 
 
 async def test_nccl_env_is_set_like_allocate(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api,
                         env=EnvSettings(nccl=NcclEnv.AUTO)) as s:
         assert s.kubelet is not None and await s.registered()
@@ -159,7 +160,7 @@ async def test_a_lost_cdi_spec_is_written_again(stage: DraStage) -> None:
     assert _claim_gets(stage.api) == gets  # from the checkpoint, not the API server
 
 
-async def test_a_claim_for_a_gone_hca_fails_alone(stage: DraStage, dra_node: sim.SimNode) -> None:
+async def test_a_claim_for_a_gone_hca_fails_alone(stage: DraStage, dra_node: SimNode) -> None:
     assert stage.kubelet is not None
     gone = stage.api.add_claim("ns", "gone", [_result("mlx5-1")])
     fine = stage.api.add_claim("ns", "fine", [_result("mlx5-0")])
@@ -196,7 +197,7 @@ async def test_claims_that_cannot_be_prepared_get_their_own_error(stage: DraStag
 
 
 async def test_a_corrupt_checkpoint_is_moved_aside(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     work = tmp_path / "s"
     work.mkdir()
     (work / "checkpoint.json").write_text("{not json")
@@ -210,7 +211,7 @@ async def test_a_corrupt_checkpoint_is_moved_aside(
 
 
 async def test_a_checkpoint_that_never_answers_stalls_the_start_on_a_thread_exit_ignores(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     work = tmp_path / "s"
     work.mkdir()
     fifo = work / "checkpoint.json"

@@ -11,7 +11,7 @@ from dra_support import DRIVER, NODE
 from rdma_hca.daemon._proto.dra import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 def _lists(api: FakeApiServer) -> int:
@@ -35,7 +35,7 @@ async def test_get_info_names_the_dra_services_and_the_endpoint(stage: DraStage)
 
 
 async def test_emulator_uses_v1_and_a_v1beta1_kubelet_works_too(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api) as s:
         assert s.kubelet is not None
         assert await s.registered()

@@ -10,6 +10,7 @@ from dra_support import DRIVER, NODE
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.settings.model import Mode
 
 STD = "resource.kubernetes.io"
@@ -26,7 +27,7 @@ def _generation(stage: DraStage) -> int:
 
 
 async def test_one_slice_one_device_per_hca_with_standard_and_own_attributes(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     (only,) = stage.slices()
     spec = only["spec"]
     assert spec["driver"] == DRIVER and spec["nodeName"] == NODE
@@ -74,14 +75,14 @@ async def test_numa_node_is_omitted_when_the_platform_has_none(
 
 
 async def test_exclusive_mode_devices_are_not_shared(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, mode=Mode.EXCLUSIVE) as s:
         assert await s.until(lambda: bool(s.devices()))
         assert all("allowMultipleAllocations" not in d for d in s.devices().values())
 
 
 async def test_port_down_taints_the_device_in_one_write_and_reports_health(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     assert stage.kubelet is not None
     events = stage.kubelet.events.health
     assert await stage.until(lambda: bool(events))
@@ -108,7 +109,7 @@ async def test_port_down_taints_the_device_in_one_write_and_reports_health(
     assert await stage.until(lambda: events[-1].devices.get(f"{NODE}/mlx5-2") == "HEALTHY")
 
 
-async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: sim.SimNode) -> None:
+async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: SimNode) -> None:
     dra_node.remove_hca("mlx5_1")
     assert await stage.until(lambda: "mlx5-1" not in stage.devices())
     assert sorted(stage.devices()) == ["all-hcas", "mlx5-0", "mlx5-2", "mlx5-3",
@@ -117,7 +118,7 @@ async def test_hca_gone_removes_its_device(stage: DraStage, dra_node: sim.SimNod
     assert _generation(stage) == 1  # one slice rewritten: no need to bump
 
 
-async def test_unchanged_inventory_writes_nothing(stage: DraStage, dra_node: sim.SimNode) -> None:
+async def test_unchanged_inventory_writes_nothing(stage: DraStage, dra_node: SimNode) -> None:
     assert stage.watcher is not None
     writes = len(stage.api.writes())
     # Full rediscoveries with nothing changed on the node.
@@ -131,7 +132,7 @@ async def test_unchanged_inventory_writes_nothing(stage: DraStage, dra_node: sim
 
 
 async def test_other_nodes_slices_are_untouched_and_stale_ones_of_this_node_removed(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     def slice_of(node: str, driver: str, pool: str, generation: int) -> dict[str, Any]:
         return {"metadata": {"name": f"{node}-{driver}-{pool}-{generation}"},
                 "spec": {"driver": driver, "nodeName": node,
@@ -158,7 +159,7 @@ async def test_other_nodes_slices_are_untouched_and_stale_ones_of_this_node_remo
 
 
 async def test_without_device_taints_a_down_port_shows_only_in_the_attribute(
-        dra_node: sim.SimNode, tmp_path: Path) -> None:
+        dra_node: SimNode, tmp_path: Path) -> None:
     with FakeApiServer(taints_allowed=False) as api:
         async with DraStage(dra_node, tmp_path / "s", api=api) as s:
             assert await s.until(lambda: bool(s.devices()))
@@ -169,7 +170,7 @@ async def test_without_device_taints_a_down_port_shows_only_in_the_attribute(
 
 
 async def test_selectors_limit_the_offered_hcas(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     from rdma_hca.settings.model import Selectors
 
     tune = with_changes(selectors=Selectors(names=("mlx5_1", "mlx5_bond_*")))
@@ -179,7 +180,7 @@ async def test_selectors_limit_the_offered_hcas(
 
 
 async def test_api_server_errors_are_retried_never_fatal(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     assert stage.driver is not None and stage.kubelet is not None
     driver = stage.driver
     token = stage.api.token
@@ -210,7 +211,7 @@ def _taint(stage: DraStage, device: str) -> str | None:
 
 
 async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     hold = 30.0
     async with DraStage(dra_node, tmp_path / "s", api=api, flap_hold_seconds=hold) as s:
         assert s.driver is not None and s.watcher is not None and await s.registered()
@@ -260,7 +261,7 @@ async def test_a_flapping_port_is_tainted_at_once_and_held_until_stable(
 
 
 async def test_the_driver_owns_its_slices_by_its_node_and_writes_without_listing(
-        stage: DraStage, dra_node: sim.SimNode) -> None:
+        stage: DraStage, dra_node: SimNode) -> None:
     (node,) = [n for n in stage.api.cluster.nodes if n["metadata"]["name"] == NODE]
     (mine,) = stage.slices()
     assert mine["metadata"]["ownerReferences"] == [

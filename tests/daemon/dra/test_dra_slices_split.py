@@ -14,9 +14,9 @@ import pytest
 
 from rdma_hca.daemon.dra.devices import DeviceOffer, digest
 from rdma_hca.daemon.dra.kubeapi import SliceApi
-from rdma_hca.daemon.dra.resourceslice import fit_device, split
-from rdma_hca.daemon.dra.slicepace import Damper
-from rdma_hca.daemon.dra.slices import SlicePublisher
+from rdma_hca.daemon.dra.resourceslice.pace import Damper
+from rdma_hca.daemon.dra.resourceslice.publisher import SlicePublisher
+from rdma_hca.daemon.dra.resourceslice.slices import fit_device, split
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.sriov import sriov_node
 from rdma_hca.node.inventory import discover_node

@@ -28,8 +28,9 @@ from rdma_hca.daemon._proto.dra import (
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.devkit.dra.stage import DraStage
-from rdma_hca.devkit.kube.apiserver import FakeApiServer, Recorded
-from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.kube.cluster import Recorded
+from rdma_hca.devkit.sim.tree import SimNode
 
 
 def _result(device: str) -> dict[str, str]:
@@ -41,7 +42,7 @@ def _claim_gets(api: FakeApiServer) -> int:
 
 
 async def test_both_sockets_are_0600_at_umask_000(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     old = os.umask(0)
     try:
         async with DraStage(dra_node, tmp_path / "s", api=api) as s:
@@ -54,7 +55,7 @@ async def test_both_sockets_are_0600_at_umask_000(
 
 
 async def test_a_removed_dra_socket_is_served_again_through_the_watch(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     # No backstop within the test: only the inotify watch can notice.
     tune = lambda c: dataclasses.replace(c, socket_check_seconds=3600.0)  # noqa: E731
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
@@ -69,7 +70,7 @@ async def test_a_removed_dra_socket_is_served_again_through_the_watch(
 
 
 async def test_health_is_resent_within_the_kubelets_timeout_and_names_it(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     tune = lambda c: dataclasses.replace(c, health_resend_seconds=0.05)  # noqa: E731
     async with DraStage(dra_node, tmp_path / "s", api=api, config=tune) as s:
         assert s.driver is not None and await s.registered()
@@ -101,9 +102,9 @@ async def _second_instance(stage: DraStage, pod_uid: str) -> DraDriver:
 
 
 async def test_two_instances_run_side_by_side_through_a_rolling_update(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer,
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer,
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.dra.sockets")
+    caplog.set_level(logging.INFO, logger="rdma_hca.daemon.dra.kubeletplugin.sockets")
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
         old = s.driver
@@ -144,7 +145,7 @@ async def test_two_instances_run_side_by_side_through_a_rolling_update(
 
 
 async def test_one_claim_is_prepared_by_one_instance_at_a_time(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     hold = threading.Event()
     reads = []
 
@@ -196,7 +197,7 @@ async def test_a_request_that_does_not_decode_or_is_too_big_is_refused_in_a_line
 
 
 async def test_when_the_new_instance_goes_first_the_kubelet_goes_back_to_the_old(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     """A rollout that fails: the new pod goes, the old one still serves, nothing is lost."""
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
@@ -219,7 +220,7 @@ async def test_when_the_new_instance_goes_first_the_kubelet_goes_back_to_the_old
 
 
 async def test_a_claim_the_other_instance_unprepared_is_not_answered_from_memory(
-        dra_node: sim.SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and await s.registered()
         old = s.driver

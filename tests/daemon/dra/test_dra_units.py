@@ -10,7 +10,7 @@ from rdma_hca.daemon._proto.dra import (
     health_v1alpha1_pb2,
     pluginregistration_v1_pb2,
 )
-from rdma_hca.daemon.dra import DriverConfig
+from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import device_names
 from rdma_hca.settings.model import DraConfig, Mode, Settings
 

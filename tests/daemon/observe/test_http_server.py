@@ -16,7 +16,7 @@ from test_serve_process import child_env, free_port, metric_samples, serve, serv
 
 from rdma_hca.daemon.observe.httpserver import MetricsServer, split_address
 from rdma_hca.daemon.observe.status import PoolStatus, Status
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 
 STATUS = Status(version="t", pools=(PoolStatus("rdma/hca", 1000, 1000, 9, (), True, 1),))
 

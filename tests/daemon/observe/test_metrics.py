@@ -32,7 +32,7 @@ from test_serve_process import (
 import rdma_hca
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 
 FAMILIES = (
     "rdma_hca_hcas",

@@ -33,6 +33,7 @@ from rdma_hca.daemon.observe.port_metrics import (
 )
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import CharDevice, Hca, LinkLayer, Port
 from rdma_hca.node.port_polls import HW_PREFIX, read_port_counters
@@ -110,7 +111,7 @@ def hca(name: str, *, state: str = "ACTIVE", phys: str = "LinkUp", rate: float |
         uverbs=CharDevice("uverbs0", "/dev/infiniband/uverbs0", True))
 
 
-@pytest.mark.parametrize("make", [sim.gpu_node, sim.infiniband_node, sim.mlx4_infiniband_node,
+@pytest.mark.parametrize("make", [sim.gpu_node, sim.infiniband_node, mlx4_infiniband_node,
                                   sim.erdma_node, sim.soft_roce_node])
 def test_simulated_nodes_render_as_the_library_does(make: object, tmp_path: Path) -> None:
     assert callable(make)

@@ -9,7 +9,8 @@ from pathlib import Path
 from rdma_hca.daemon.offer.cdi import CDI_VERSION, SPEC_FILE, write_spec
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node, infiniband_node
+from rdma_hca.devkit.sim.nodes import gpu_node, infiniband_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.settings.model import CdiConfig, Mode, PoolConfig, Settings
 

@@ -11,6 +11,7 @@ from rdma_hca.daemon.deviceplugin.pool import exclusive_ids, select
 from rdma_hca.daemon.offer import env as env_mod
 from rdma_hca.daemon.offer.env import EnvSettings, build, container_env
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.node.model import Hca
@@ -21,7 +22,7 @@ AUTO = EnvSettings(nccl=NcclEnv.AUTO)
 AUTO_POD_NETWORK = EnvSettings(nccl=NcclEnv.AUTO, non_host_network=True)
 
 
-def hcas_of(node: sim.SimNode) -> tuple[Hca, ...]:
+def hcas_of(node: SimNode) -> tuple[Hca, ...]:
     return discover_node(node.sysfs_root, node.dev_root).hcas
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER, NodeEvents
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.events import EVENTS_POLICY, EventRecorder

@@ -12,12 +12,13 @@ import grpc
 import pytest
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.deviceplugin.pool import exclusive_ids
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.watch.flaps import FLAP_CHANGES, FLAP_WINDOW_SECONDS, FlapHold
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode, gpu_node
+from rdma_hca.devkit.sim.nodes import gpu_node
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.node.model import Hca, LinkLayer, NodeInventory, Port
 from rdma_hca.settings.decl import BY_KEY
 from rdma_hca.settings.model import Mode, PoolConfig, Settings

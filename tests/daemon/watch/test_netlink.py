@@ -21,7 +21,8 @@ import pytest
 from test_serve_process import R, serve, serve_argv, wait_registered
 
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import HcaSpec, PortSpec, SimNode, build_node
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 VETH = "rhv0"
 PEER = "rhv0p"

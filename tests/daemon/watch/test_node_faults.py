@@ -21,7 +21,7 @@ from test_daemon import R, make_settings
 from rdma_hca.daemon.offer.cdi import SPEC_FILE
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.netlink import NetdevEvent
 from rdma_hca.settings.model import CdiConfig

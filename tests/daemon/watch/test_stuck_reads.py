@@ -29,11 +29,11 @@ from test_serve_process import (
     wait_registered,
 )
 
-from rdma_hca.daemon.deviceplugin.kubelet import socket_name
 from rdma_hca.daemon.deviceplugin.pool import shared_ids
+from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.workers import IDLE_NAME

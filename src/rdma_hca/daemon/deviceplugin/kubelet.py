@@ -45,8 +45,6 @@ from rdma_hca.kit.aio import cancel_all, unless, wait_event
 from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.dirwatch import watch_dir
 
-__all__ = ["KUBELET_SOCKET", "KubeletLifecycle", "socket_name"]
-
 log = logging.getLogger(__name__)
 
 BACKOFF_FIRST = 0.05

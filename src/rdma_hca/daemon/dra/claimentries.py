@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from rdma_hca.contract.checkpoint import PreparedDevice
-from rdma_hca.daemon.dra.claimrecords import ClaimView, Condition, DeviceEntry, NetworkData
+from rdma_hca.daemon.dra.claimrecords import Condition, DeviceEntry, NetworkData
+from rdma_hca.daemon.dra.claims import Claim
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.node.model import Hca
 
@@ -48,24 +49,25 @@ class EntryBuilder:
         self.ips_of = ips_of  # netdev -> its addresses in CIDR form (blocking: run off the loop)
         self._now = now
 
-    async def entries(self, claim: ClaimView, devices: Sequence[PreparedDevice]
+    async def entries(self, claim: Claim, devices: Sequence[PreparedDevice]
                       ) -> tuple[DeviceEntry, ...]:
         ours = {(d.pool, d.device): d for d in devices}
         stamp = self._now().strftime("%Y-%m-%dT%H:%M:%SZ")
         out: list[DeviceEntry] = []
         seen: set[tuple[str, ...]] = set()
-        for r in claim.allocated:
+        for r in claim.devices:
             prepared = ours.get((r.pool, r.device))
             if r.driver != self.driver or prepared is None:
                 continue
-            key = (r.pool, r.device, r.share_id)
+            share_id = r.share_id or ""
+            key = (r.pool, r.device, share_id)
             if key in seen:
                 continue  # two requests got the same device: one entry
             seen.add(key)
             ready = Condition("Ready", "True", "Prepared",
                               f"HCA {prepared.hca} is ready in the pod", stamp,
                               claim.generation)
-            out.append(DeviceEntry(self.driver, prepared.pool, prepared.device, r.share_id,
+            out.append(DeviceEntry(self.driver, prepared.pool, prepared.device, share_id,
                                    (ready,), await self._network(prepared)))
         return tuple(out)
 

@@ -1,6 +1,6 @@
-"""A ResourceClaim as the status writer sees it, and the ``status.devices`` entries it
-writes, as typed records: parsed from the API server's answers and turned into the body
-of an apply patch here, at the edge, and nowhere else.
+"""The ``status.devices`` entries of a ResourceClaim, as typed records: read with the
+claim (``claims.py``) and turned into the body of an apply patch here, at the edge, and
+nowhere else.
 
 An entry is keyed as the API keys the list (``+listType=map``, ``+listMapKey`` driver,
 pool, device, shareID): that key is what server-side apply merges by, so entries of other
@@ -117,53 +117,6 @@ def same_entries(a: Sequence[DeviceEntry], b: Sequence[DeviceEntry]) -> bool:
     """The same entries, in any order, whatever their conditions' times say."""
     return sorted((e.timeless() for e in a), key=lambda e: e.key) == \
         sorted((e.timeless() for e in b), key=lambda e: e.key)
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatedKey:
-    """One ``status.allocation.devices.results[]`` item: what an entry may name."""
-
-    driver: str
-    pool: str
-    device: str
-    share_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimView:
-    """What the status writer needs of a ResourceClaim."""
-
-    namespace: str
-    name: str
-    uid: str
-    generation: int | None
-    allocated: tuple[AllocatedKey, ...]
-    entries: tuple[DeviceEntry, ...]
-
-    def entries_of(self, driver: str) -> tuple[DeviceEntry, ...]:
-        return tuple(e for e in self.entries if e.driver == driver)
-
-
-def _dicts(value: object) -> list[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _dict(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def parse_claim_view(obj: Mapping[str, Any]) -> ClaimView:
-    """The claim as the API server answered it; missing or malformed parts read as none."""
-    meta, status = _dict(obj.get("metadata")), _dict(obj.get("status"))
-    results = _dicts(_dict(_dict(status.get("allocation")).get("devices")).get("results"))
-    generation = meta.get("generation")
-    return ClaimView(
-        str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-        str(meta.get("uid") or ""), generation if isinstance(generation, int) else None,
-        tuple(AllocatedKey(str(r.get("driver") or ""), str(r.get("pool") or ""),
-                              str(r.get("device") or ""), str(r.get("shareID") or ""))
-              for r in results),
-        tuple(DeviceEntry.from_api(e) for e in _dicts(status.get("devices"))))
 
 
 def apply_body(namespace: str, name: str, uid: str, entries: Sequence[DeviceEntry],

@@ -1,9 +1,12 @@
 """A ResourceClaim as the driver reads it: typed records, parsed at the API edge.
 
 The kubelet names a claim (:class:`ClaimRef`); the helper fetches the API server's
-ResourceClaim and parses it into a :class:`Claim` here. Nothing past :func:`parse_claim`
-indexes the object; only the status writer and the Events, which start from the object
-as read, get it whole (``Claim.source``).
+ResourceClaim and parses it into a :class:`Claim` here, once: Prepare and the status
+writer read the same record (the allocation's results, the generation, the
+``status.devices`` entries already there). The status writer's own reads of the claim
+(again, or as an apply answered) come through :func:`read_claim`, which takes what it
+finds. Nothing past these two indexes the object; only the Events, which start from the
+object as read, get it whole (``Claim.source``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.daemon.dra.claimrecords import DeviceEntry
 from rdma_hca.daemon.dra.metadata import pod_claim_name
 from rdma_hca.kit.text import short_repr
 
@@ -51,11 +55,16 @@ class Claim:
     # The name the pod gives a claim made from its template; None for a named claim.
     pod_claim: str | None = None
     allocated: bool = True  # the scheduler wrote status.allocation
-    # The object as read: what a status write starts from, saving a read of its own.
+    generation: int | None = None  # metadata.generation, which a Ready condition observes
+    entries: tuple[DeviceEntry, ...] = ()  # status.devices, every driver's
+    # The object as read: what an Event about the claim names.
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def of(self, driver: str) -> tuple[AllocatedDevice, ...]:
         return tuple(d for d in self.devices if d.driver == driver)
+
+    def entries_of(self, driver: str) -> tuple[DeviceEntry, ...]:
+        return tuple(e for e in self.entries if e.driver == driver)
 
     @property
     def ref(self) -> ClaimRef:
@@ -74,32 +83,44 @@ def _text(obj: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def parse_claim(obj: object) -> Claim:
-    """The API server's ResourceClaim object as a :class:`Claim`."""
+    """The API server's ResourceClaim object as a :class:`Claim`, for a Prepare: one
+    without its name or UID is an error."""
     if not isinstance(obj, Mapping):
         raise ClaimError(f"the API server answered {short_repr(obj)}, not a ResourceClaim")
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ClaimError("the ResourceClaim has no metadata")
-    namespace = str(meta.get("namespace") or "")
     name = _text(meta, "name", "the ResourceClaim")
-    uid = _text(meta, "uid", f"ResourceClaim {namespace}/{name}")
-    status = obj.get("status") or {}
-    allocation = (status.get("allocation") or {}) if isinstance(status, Mapping) else {}
-    results = ((allocation.get("devices") or {}).get("results") or []
-               if isinstance(allocation, Mapping) else [])
+    _text(meta, "uid", f"ResourceClaim {meta.get('namespace') or ''}/{name}")
+    return read_claim(obj)
+
+
+def _dicts(value: object) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _dict(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def read_claim(obj: Mapping[str, Any]) -> Claim:
+    """The claim as the API server answered it; missing or malformed parts read as none."""
+    meta, status = _dict(obj.get("metadata")), _dict(obj.get("status"))
+    allocation = _dict(status.get("allocation"))
     devices = []
-    for r in results if isinstance(results, list) else []:
-        if not isinstance(r, Mapping):
-            continue
+    for r in _dicts(_dict(allocation.get("devices")).get("results")):
         share = r.get("shareID")
         consumed = r.get("consumedCapacity")
         devices.append(AllocatedDevice(
-            str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")),
-            str(r.get("device", "")), str(share) if share else None,
+            str(r.get("request") or ""), str(r.get("driver") or ""), str(r.get("pool") or ""),
+            str(r.get("device") or ""), str(share) if share else None,
             {str(k): str(v) for k, v in consumed.items()}
             if isinstance(consumed, Mapping) else {}))
-    return Claim(namespace, name, uid, tuple(devices), pod_claim_name(obj),
-                 isinstance(allocation, Mapping) and bool(allocation), obj)
+    generation = meta.get("generation")
+    return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                 str(meta.get("uid") or ""), tuple(devices), pod_claim_name(obj),
+                 bool(allocation), generation if isinstance(generation, int) else None,
+                 tuple(DeviceEntry.from_api(e) for e in _dicts(status.get("devices"))), obj)
 
 
 def claim_field(ref: ClaimRef) -> str:

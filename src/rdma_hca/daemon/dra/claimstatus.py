@@ -58,17 +58,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimentries import EntryBuilder
-from rdma_hca.daemon.dra.claimrecords import (
-    ClaimView,
-    DeviceEntry,
-    parse_claim_view,
-    same_entries,
-)
-from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.daemon.dra.claimrecords import DeviceEntry, same_entries
+from rdma_hca.daemon.dra.claims import Claim, ClaimRef
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.backoff import Backoff, Clock, Sleep
 from rdma_hca.kit.offloop import OffLoop
@@ -90,11 +85,11 @@ DRAIN_SECONDS = 2.0  # what close() gives pending writes before it cancels them
 
 
 class ClaimStatusApi(Protocol):
-    async def claim_for_status(self, namespace: str, name: str) -> ClaimView: ...
+    async def claim_for_status(self, namespace: str, name: str) -> Claim: ...
 
     async def apply_claim_status(self, namespace: str, name: str, uid: str,
                                  entries: Sequence[DeviceEntry], field_manager: str
-                                 ) -> ClaimView: ...
+                                 ) -> Claim: ...
 
 
 @dataclass(slots=True)
@@ -103,7 +98,7 @@ class _Intent:
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...] | None
-    known: ClaimView | None = None  # the claim as Prepare read it, if still fresh
+    known: Claim | None = None  # the claim as Prepare read it, if still fresh
     backoff: Backoff | None = field(default=None, repr=False)
     refusals: int = 0  # 4xx answers to this state
 
@@ -183,15 +178,14 @@ class ClaimStatusWriter:
     # --- the claims code's hooks: note and return -------------------------------------
 
     async def on_prepared(self, claim: ClaimRef, devices: Sequence[PreparedDevice],
-                          known: Mapping[str, Any] | None = None) -> None:
+                          known: Claim | None = None) -> None:
         """Our entries of the claim's status.devices become those of ``devices``.
 
         ``known`` is the claim as Prepare read it: the entries are built from it, with no
         read of their own.
         """
         if devices:
-            view = parse_claim_view(known) if known is not None else None
-            self._put(_Intent(claim, tuple(devices), view))
+            self._put(_Intent(claim, tuple(devices), known))
 
     async def on_unprepared(self, claim: ClaimRef) -> None:
         """Our entries go; other drivers' stay."""

@@ -31,7 +31,7 @@ from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOpti
 from rdma_hca.daemon.dra.offering import NodeOffer
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
 from rdma_hca.daemon.dra.recovery import recover
-from rdma_hca.daemon.dra.slices import Stats
+from rdma_hca.daemon.dra.resourceslice.publisher import Stats
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import HistogramCounts
@@ -285,4 +285,4 @@ class DraDriver:
 
 async def _prepared_hook(writer: ClaimStatusWriter, claim: Claim,
                          devices: tuple[PreparedDevice, ...]) -> None:
-    await writer.on_prepared(claim.ref, devices, claim.source)
+    await writer.on_prepared(claim.ref, devices, claim)

@@ -14,8 +14,9 @@ driver sends on its own:
   their re-reads on a conflict) take only the tokens those leave, so a taint never
   waits behind a backlog of status writes.
 
-Claim status is the one typed exchange here (``claimrecords``): it is read and applied as
-records, so the status writer never reads a claim's dict.
+Claim status is the one typed exchange here: the claim is read as the same
+:class:`~rdma_hca.daemon.dra.claims.Claim` Prepare reads, its entries applied as
+``claimrecords``, so the status writer never reads a claim's dict.
 """
 
 from __future__ import annotations
@@ -25,12 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rdma_hca.contract.dra import GROUP_VERSION
-from rdma_hca.daemon.dra.claimrecords import (
-    ClaimView,
-    DeviceEntry,
-    apply_body,
-    parse_claim_view,
-)
+from rdma_hca.daemon.dra.claimrecords import DeviceEntry, apply_body
+from rdma_hca.daemon.dra.claims import Claim, read_claim
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, read_credentials
 from rdma_hca.kube.credentials import CredentialSearch
@@ -135,14 +132,14 @@ class SliceApi:
         """The claim, for a Prepare: on the claims' budget."""
         return await self.client.get(claim_path(namespace, name), rate=CLAIMS_BUDGET)
 
-    async def claim_for_status(self, namespace: str, name: str) -> ClaimView:
+    async def claim_for_status(self, namespace: str, name: str) -> Claim:
         """The claim again, for a status write: the driver's budget, after its slices."""
-        return parse_claim_view(await self.client.get(claim_path(namespace, name),
-                                                 priority=Priority.LOW))
+        return read_claim(await self.client.get(claim_path(namespace, name),
+                                                priority=Priority.LOW))
 
     async def apply_claim_status(self, namespace: str, name: str, uid: str,
                                  entries: Sequence[DeviceEntry], field_manager: str
-                                 ) -> ClaimView:
+                                 ) -> Claim:
         """Server-side apply of ``entries`` to the claim's /status as ``field_manager`` (the
         driver's name): they become all that manager owns of ``status.devices``; other
         managers' entries stay. On the driver's budget, after its slices."""
@@ -150,7 +147,7 @@ class SliceApi:
             claim_path(namespace, name) + "/status",
             apply_body(namespace, name, uid, entries, GROUP_VERSION),
             field_manager=field_manager, priority=Priority.LOW)
-        return parse_claim_view(stored)
+        return read_claim(stored)
 
     @property
     def tally(self) -> ApiTally:

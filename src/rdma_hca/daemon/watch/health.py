@@ -38,11 +38,12 @@ from dataclasses import replace
 from typing import Protocol
 
 from rdma_hca.daemon.watch.flaps import FlapHold
-from rdma_hca.daemon.watch.machine import MachineReader, PortCounters, failure_reason
+from rdma_hca.daemon.watch.machine import MachineReader, failure_reason
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.broadcast import Broadcast
 from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.node import netlink
+from rdma_hca.node.deadline_reader import PortCounters
 from rdma_hca.node.file_reads import ReadStalled
 from rdma_hca.node.model import NodeInventory
 

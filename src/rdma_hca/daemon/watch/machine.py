@@ -15,9 +15,6 @@ from rdma_hca.node.file_reads import DiscoveryFailed
 from rdma_hca.node.model import NodeInventory
 from rdma_hca.node.port_polls import PortStates
 
-__all__ = ["DiscoveryFailed", "Glance", "MachineReader", "PortCounters", "PortStates",
-           "failure_reason"]
-
 
 class MachineReader(Protocol):
     @property

@@ -13,7 +13,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from rdma_hca.devkit.kube.apiserver import DRA, FakeApiServer
+from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.kube.cluster import DRA
 
 
 def request_name(container: int = 0) -> str:

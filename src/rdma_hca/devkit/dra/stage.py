@@ -25,7 +25,7 @@ from rdma_hca.daemon.offer.env import EnvSettings
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.devkit.sim.nodes import SimNode
+from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.settings.model import CdiConfig, DraConfig, Mode, Settings

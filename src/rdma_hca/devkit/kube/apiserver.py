@@ -34,17 +34,11 @@ import yaml
 
 from rdma_hca.devkit.kube import faults
 from rdma_hca.devkit.kube.cluster import DRA, TOKEN, FakeCluster, Recorded
-from rdma_hca.devkit.kube.errors import HttpError, status_object
 from rdma_hca.devkit.kube.faults import Fault
 from rdma_hca.devkit.kube.httpd import Server
 from rdma_hca.devkit.kube.routes import Router
-from rdma_hca.devkit.kube.selectors import SLICE_FIELDS, field_selector_matches, label_matches
 from rdma_hca.devkit.kube.store import Store, now
 from rdma_hca.devkit.kube.validation import Invalid
-
-__all__ = ["DRA", "SLICE_FIELDS", "TOKEN", "FakeApiServer", "FakeCluster", "Fault",
-           "HttpError", "Recorded", "field_selector_matches", "label_matches", "serve",
-           "status_object", "write_kubeconfig"]
 
 
 class FakeApiServer:

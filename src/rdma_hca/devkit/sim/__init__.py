@@ -2,10 +2,5 @@
 
 Nothing here is imported by the daemon's serving path: these modules only write
 trees shaped like a real node's ``/sys`` and ``/dev`` so the real code can read them.
-The catalogue is ``nodes``; its names are the package's.
+The catalogue is ``nodes``.
 """
-
-from rdma_hca.devkit.sim import nodes
-from rdma_hca.devkit.sim.nodes import *  # noqa: F403
-
-__all__ = nodes.__all__

@@ -9,7 +9,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from rdma_hca.devkit.sim.tree import HcaSpec, PortSpec, SimNode, build_node, guid_text
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec, guid_text
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 
 def _guid(base: int) -> str:

@@ -38,7 +38,6 @@ from rdma_hca.devkit.sim.kubelet_rules import (
     MAX_EVENTS,
     RECENT_EVENTS_IN_ERRORS,
     UNIX_PATH_MAX,
-    AdmissionError,
     RegisterRefused,
     endpoint_problem,
     format_quantity,
@@ -50,16 +49,6 @@ from rdma_hca.kit.aio import cancel_all
 
 if TYPE_CHECKING:
     from rdma_hca.daemon._proto.api_pb2_grpc import DevicePluginAsyncStub
-
-__all__ = [
-    "API_VERSION",
-    "CHECKPOINT_NAME",
-    "KUBELET_SOCKET",
-    "AdmissionError",
-    "KubeletEmulator",
-    "format_quantity",
-    "resource_name_problem",
-]
 
 
 class _RegistrationService(api_pb2_grpc.RegistrationServicer):

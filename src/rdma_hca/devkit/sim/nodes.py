@@ -3,7 +3,7 @@
 ``tree`` holds the machinery (``SimNode``, the specs); this module holds the catalogue:
 a GPU server, InfiniBand, eRDMA, Soft RoCE, a node without RDMA. Broken and hostile trees
 are in ``hostile``, trees shaped like real machines in ``realworld``, a big SR-IOV node in
-``sriov``; their builders are re-exported here so one import reaches every kind.
+``sriov``: import each builder from the module that holds it.
 """
 
 from __future__ import annotations
@@ -13,37 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rdma_hca.devkit.sim.hostile import broken_nodes, hostile_nodes
-from rdma_hca.devkit.sim.realworld import mlx4_infiniband_node, mlx5_roce_bond_node
-from rdma_hca.devkit.sim.sriov import sriov_node
-from rdma_hca.devkit.sim.tree import (
-    GpuSpec,
-    HcaSpec,
-    PortSpec,
-    SimNode,
-    build_node,
-    guid_text,
-)
-
-__all__ = [
-    "GpuSpec",
-    "HcaSpec",
-    "PortSpec",
-    "RoceHca",
-    "SimNode",
-    "broken_nodes",
-    "build_node",
-    "erdma_node",
-    "gpu_node",
-    "hostile_nodes",
-    "infiniband_node",
-    "mlx4_infiniband_node",
-    "mlx5_roce_bond_node",
-    "no_rdma_node",
-    "roce_node",
-    "soft_roce_node",
-    "sriov_node",
-]
+from rdma_hca.devkit.sim.pcitree import GpuSpec
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec, guid_text
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 
 def _guid(base: int) -> str:

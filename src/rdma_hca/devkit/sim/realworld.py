@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rdma_hca.devkit.sim.tree import HcaSpec, PortSpec, SimNode, build_node
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 IB_PREFIX_ONLY = "fe80:0000:0000:0000:0000:0000:0000:0000"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rdma_hca.devkit.sim.tree import HcaSpec, PortSpec, SimNode, build_node
+from rdma_hca.devkit.sim.specs import HcaSpec, PortSpec
+from rdma_hca.devkit.sim.tree import SimNode, build_node
 
 PF_DEVICE = "0x101d"  # ConnectX-6 Dx
 VF_DEVICE = "0x101e"  # its virtual function

@@ -34,7 +34,6 @@ from rdma_hca.devkit.sim.specs import (
     HcaSpec,
     PortSpec,
     gid_line,
-    guid_text,
     link_local,
     port_guid,
     replace_line,
@@ -43,8 +42,6 @@ from rdma_hca.devkit.sim.specs import (
     write,
     write_line,
 )
-
-__all__ = ["GpuSpec", "HcaSpec", "PortSpec", "SimNode", "build_node", "guid_text"]
 
 
 class SimNode(PciTree):

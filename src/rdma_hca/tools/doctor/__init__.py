@@ -23,6 +23,8 @@ from typing import Any, TextIO
 
 from rdma_hca.kit.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from rdma_hca.kit.names import is_dns_subdomain, resource_name_problem
+from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.errors import KubeconfigError, KubeError, UnreachableError
 from rdma_hca.settings.decl import BY_KEY, add_flags
 from rdma_hca.tools.arguments import http_url
 from rdma_hca.tools.doctor import cluster, clusterfetch, kubeapi, render, slices
@@ -140,7 +142,7 @@ def run_cluster(
     if not args.timeout > 0:
         return _fail(out, args.json, EXIT_USAGE, f"--timeout must be above 0, not {args.timeout}")
     try:
-        creds = kubeapi.load_credentials(
+        creds = load_credentials(
             kubeconfig=args.kubeconfig, context=args.context, env=env, home=home,
             in_cluster_root=in_cluster_root, accepts=kubeapi.CREDENTIALS,
         )
@@ -149,9 +151,9 @@ def run_cluster(
             data = clusterfetch.fetch(client, args.namespace, args.name, args.dra_driver)
         finally:
             client.close()
-    except (kubeapi.KubeconfigError, kubeapi.UnreachableError, clusterfetch.AccessError) as exc:
+    except (KubeconfigError, UnreachableError, clusterfetch.AccessError) as exc:
         return _fail(out, args.json, EXIT_USAGE, str(exc))
-    except kubeapi.KubeError as exc:
+    except KubeError as exc:
         return _fail(out, args.json, EXIT_FAIL, str(exc))
     report = cluster.evaluate(data, args.resource, now)
     if args.json:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rdma_hca.contract.dra import GROUP
+from rdma_hca.kube.errors import ApiError, KubeError, NotFoundError
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData
 from rdma_hca.tools.doctor.draobjects import DeviceClass, parse_device_class, parse_slice
-from rdma_hca.tools.doctor.kubeapi import ApiError, KubeClient, KubeError, NotFoundError
+from rdma_hca.tools.doctor.kubeapi import KubeClient
 from rdma_hca.tools.doctor.workloads import Pod, parse_daemonset, parse_node, parse_pod
 
 T = TypeVar("T")

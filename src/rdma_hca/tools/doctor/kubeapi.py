@@ -13,23 +13,9 @@ from typing import Any, TypeVar
 
 from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import (
-    Credentials,
-    CredentialSearch,
-    label_selector,
-    load_credentials,
-)
-from rdma_hca.kube.errors import (
-    ApiError,
-    KubeconfigError,
-    KubeError,
-    NotFoundError,
-    UnreachableError,
-)
+from rdma_hca.kube.credentials import Credentials, CredentialSearch, label_selector
+from rdma_hca.kube.errors import NotFoundError
 from rdma_hca.kube.policy import ClientPolicy
-
-__all__ = ["CREDENTIALS", "ApiError", "Credentials", "KubeClient", "KubeError", "KubeconfigError",
-           "NotFoundError", "UnreachableError", "label_selector", "load_credentials"]
 
 DEFAULT_TIMEOUT = 10.0
 # doctor's own flags, which its credential messages name (kubectl's order otherwise).

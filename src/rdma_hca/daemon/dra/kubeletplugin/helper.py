@@ -27,8 +27,8 @@ from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOpti
 from rdma_hca.daemon.dra.kubeletplugin.plugin import DriverPlugin, PrepareResult
 from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimLocks, RecordLocks
 from rdma_hca.daemon.dra.kubeletplugin.services import add_dra_services
-from rdma_hca.daemon.dra.slices import DesiredDevices, SliceClient, SlicePublisher
-from rdma_hca.daemon.dra.sockets import KubeletSockets, SocketInUse
+from rdma_hca.daemon.dra.kubeletplugin.sockets import KubeletSockets, SocketInUse
+from rdma_hca.daemon.dra.resourceslice.publisher import DesiredDevices, SliceClient, SlicePublisher
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import Histogram
 from rdma_hca.kit.offloop import OffLoop

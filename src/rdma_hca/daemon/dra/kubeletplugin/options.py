@@ -32,7 +32,7 @@ class HelperOptions:
     device_taints: bool  # taint a device whose ports are all down (until the server refuses)
     resync_seconds: float
     start_jitter_seconds: float
-    sockets: DriverConfig  # what the sockets read (``daemon/dra/sockets.py``)
+    sockets: DriverConfig  # what the sockets read (``kubeletplugin/sockets.py``)
 
     @classmethod
     def from_config(cls, config: DriverConfig) -> HelperOptions:

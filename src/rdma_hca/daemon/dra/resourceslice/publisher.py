@@ -3,7 +3,7 @@ fleet can carry: the shape of the upstream resourceslice controller.
 
 Desired state in, writes out: the driver hands :meth:`SlicePublisher.update` the pool's
 desired devices whenever they change, and the publisher's loop makes the API server hold
-them (``resourceslice.py`` says how they are cut into slices). What it did is counted in
+them (``slices.py`` here says how they are cut into slices). What it did is counted in
 a :class:`Stats` record (upstream's ``Stats``: slices created, updated, deleted; with the
 passes and the last error), which the driver reads for its metrics and readiness.
 
@@ -25,7 +25,7 @@ its HCA down until it is stable (``watch.flaps``), so its device stays as it is.
 server that refuses device taints (DRADeviceTaints off) gets the devices without them
 from then on: their ``linkState`` still says down.
 
-The pool's queue and the damper are in ``slicepace.py``.
+The pool's queue and the damper are in ``pace.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from typing import Any, Protocol
 from rdma_hca.contract.dra import DEVICES_HASH_ANNOTATION, GROUP_VERSION, SLICE_INDEX_ANNOTATION
 from rdma_hca.contract.dra import RESYNC_SECONDS as DEFAULT_RESYNC
 from rdma_hca.daemon.dra.devices import Device
-from rdma_hca.daemon.dra.resourceslice import (
+from rdma_hca.daemon.dra.resourceslice.pace import DEFAULT_SPACING, Damper, PoolQueue
+from rdma_hca.daemon.dra.resourceslice.slices import (
     OwnerReference,
     ResourceSlice,
     SliceMeta,
@@ -55,7 +56,6 @@ from rdma_hca.daemon.dra.resourceslice import (
     split,
     without_taints,
 )
-from rdma_hca.daemon.dra.slicepace import DEFAULT_SPACING, Damper, PoolQueue
 from rdma_hca.kit.aio import wait_event
 from rdma_hca.kit.backoff import Backoff, Sleep, jittered
 from rdma_hca.kit.sayonce import Once
