@@ -71,6 +71,7 @@ class ClaimPreparer:
         self._io = io
         self._offer = offer
         self._verified: set[str] = set()  # claims whose spec this process wrote or saw
+        self._absent: set[str] = set()  # claims just found on no record, under their lock
         self._device_locks: dict[str, asyncio.Lock] = {}
         self.device_waits = 0  # times an exclusive device was busy with another claim
         self.foreign_writes = 0  # checkpoint writes by another instance seen
@@ -121,7 +122,11 @@ class ClaimPreparer:
     async def _prepare_one(self, claim: Claim | ClaimRef) -> PrepareResult | None:
         uid = claim.uid
         known = self.prepared.get(uid)
-        if self._rolling:
+        # The helper asks again with the claim it read, under the same lock, right after
+        # this found no record: the checkpoint need not be read a second time.
+        looked_up = isinstance(claim, Claim) and uid in self._absent
+        self._absent.discard(uid)
+        if self._rolling and not looked_up:
             # The other instance may have prepared (or unprepared) it meanwhile.
             on_disk, _ = await self._io.run(f"reading the checkpoint {self.config.checkpoint}",
                                             self.checkpoint.read)
@@ -135,6 +140,7 @@ class ClaimPreparer:
             self._verified.add(uid)
             return PrepareResult(known.devices)
         if not isinstance(claim, Claim):
+            self._absent.add(uid)
             return None  # its record is gone: the helper reads the claim
         prepared, hcas = self._plan(claim)
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
