@@ -37,6 +37,7 @@ from rdma_hca.contract.checkpoint import (
     encode,
     load_checkpoint,
 )
+from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -222,12 +223,11 @@ class Checkpoint:
 
     def _lock_file(self, fd: int, by: float, budget: float) -> None:
         """The checkpoint's lock, tried until ``by``: never a thread blocked in the kernel."""
-        delay = LOCK_RETRY_FIRST
+        backoff = Backoff(LOCK_RETRY_FIRST, LOCK_RETRY_MAX)
         while not _ofd_lock(fd, fcntl.F_WRLCK, _FILE_LOCK):
             self.lock_waits += 1
             left = by - time.monotonic()
             if left <= 0:
                 raise CheckpointBusy(f"another instance of the driver held the lock of "
                                      f"{self.path} (in {self.lock_path}) for {budget:.3g} s")
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, LOCK_RETRY_MAX)
+            time.sleep(min(backoff.next(), left))

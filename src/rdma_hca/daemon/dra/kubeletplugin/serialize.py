@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from rdma_hca.daemon.dra.claims import ClaimError
+from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.offloop import OffLoop
 
 LOCK_RETRY_FIRST = 0.005
@@ -64,12 +65,11 @@ class ClaimLocks:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._wait
-        delay = LOCK_RETRY_FIRST
+        backoff = Backoff(LOCK_RETRY_FIRST, LOCK_RETRY_MAX)
         while not await self._io.run(f"locking claim {uid}",
                                   lambda: self._records.try_lock_claim(uid)):
             self.lock_waits += 1
             if loop.time() >= deadline:
                 raise ClaimError(f"another instance of the driver has been working on this "
                                  f"claim for {self._wait:g} s (its lock in {self._lock_path})")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, LOCK_RETRY_MAX)
+            await asyncio.sleep(backoff.next())

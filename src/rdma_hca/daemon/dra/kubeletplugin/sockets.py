@@ -54,7 +54,8 @@ from rdma_hca.daemon.dra.kubeletplugin.services import (
     RegistrationService,
     add_registration_service,
 )
-from rdma_hca.kit.aio import wait_event
+from rdma_hca.kit.aio import cancel_all, wait_event
+from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.dirwatch import watch_dir
 from rdma_hca.kit.sayonce import Latch
 from rdma_hca.kit.unixserver import UnixServer
@@ -195,13 +196,8 @@ class KubeletSockets:
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            done, _ = await asyncio.wait(tasks, timeout=STOP_WAIT)
-            for t in done:  # the keeper may have ended by giving way: said already
-                if not t.cancelled():
-                    t.exception()
+        # The keeper may have ended by giving way: said already, so its error is not raised.
+        await cancel_all(tasks, within=STOP_WAIT, what="the DRA sockets' tasks")
         await self._close()
         self.registered = False
 
@@ -267,6 +263,7 @@ class KubeletSockets:
 
     async def _keep(self) -> None:
         delay = 0.0
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             await wait_event(self._wake, delay or self.config.socket_check_seconds)
             self._wake.clear()
@@ -307,10 +304,11 @@ class KubeletSockets:
             except (OSError, RuntimeError) as exc:
                 if self._failing.set(str(exc)):
                     log.error("cannot re-create the DRA sockets: %s; retrying", exc)
-                delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+                delay = backoff.next()
                 continue
             if self._failing.clear():
                 log.info("the DRA sockets are served again")
+            backoff.reset()
             delay = 0.0
 
     async def _give_way(self, path: str, peer: Peer) -> NoReturn:
