@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 
 from rdma_hca.daemon.dra.config import DriverConfig
+from rdma_hca.kit.names import is_dns_subdomain
 from rdma_hca.kit.unixserver import socket_path_problem
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -62,7 +62,7 @@ class HelperOptions:
         if not self.node_name:
             raise DraConfigError("the DRA driver needs the node's name: set --node-name or "
                                  "NODE_NAME (the chart sets it from spec.nodeName)")
-        if len(self.driver_name) > 63 or not _DNS_SUBDOMAIN.match(self.driver_name):
+        if len(self.driver_name) > 63 or not is_dns_subdomain(self.driver_name):
             raise DraConfigError(f"DRA driver name {self.driver_name!r} is not a lowercase DNS "
                                  "subdomain of at most 63 characters, e.g. rdma-hca.io")
         if self.pod_uid and not _POD_UID.match(self.pod_uid):
