@@ -6,84 +6,25 @@ waiting behind a backlog of status writes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from claimstatus_support import Claims, Sleeps, small_node, status_patches, writer
 from dra_support import DRIVER, NODE
 
-from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
-from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
-from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
-from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.claims import parse_claim
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
-from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.node.inventory import discover_node
-from rdma_hca.settings.model import Mode
-
-
-class Sleeps:
-    """The writer's backoff waits, recorded and passed at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        await asyncio.sleep(0)
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> SimNode:
-    return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
-
-
-def device(name: str = "mlx5-1") -> tuple[PreparedDevice, ...]:
-    return (PreparedDevice(("hca",), NODE, name, name.replace("-", "_"), (f"x/y={name}",)),)
-
-
-class Claims:
-    """Claims on the fake server, and which of them the driver holds prepared."""
-
-    def __init__(self, api: FakeApiServer) -> None:
-        self.api = api
-        self.refs: dict[str, ClaimRef] = {}
-        self.prepared: dict[str, PreparedClaim] = {}
-
-    def add(self, name: str) -> ClaimRef:
-        uid = self.api.add_claim("ns", name, [
-            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-1"}])
-        ref = ClaimRef("ns", uid, name)
-        self.refs[name] = ref
-        return ref
-
-    def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        self.prepared[ref.uid] = PreparedClaim(ref.namespace, ref.name, device())
-        return device()
-
-    def entries(self, name: str) -> list[dict[str, Any]]:
-        return list(self.api.claim("ns", name)["status"].get("devices") or [])
-
-    def view(self) -> Mapping[str, PreparedClaim]:
-        return self.prepared
-
-
-def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
-    inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
-    return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
-                             hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.view,
-                             **kw)
-
-
-def puts(api: FakeApiServer, name: str) -> int:
-    return api.count("PATCH", f"/resourceclaims/{name}/status")
+    return small_node(tmp_path)
 
 
 async def held(fault: Any, count: int = 1) -> None:
@@ -103,7 +44,7 @@ async def test_prepare_then_unprepare_before_the_write_sends_nothing(
     await w.on_unprepared(quiet)
     hold.release()
     await asyncio.wait_for(w.drained(), 10)
-    assert puts(api, "quiet") == 0 and api.count("GET", "/resourceclaims/quiet") == 0
+    assert status_patches(api, "quiet") == 0 and api.count("GET", "/resourceclaims/quiet") == 0
     assert claims.entries("quiet") == [] and len(claims.entries("busy")) == 1
     assert w.coalesced == 1
 
@@ -119,7 +60,7 @@ async def test_a_claim_prepared_before_a_restart_gets_its_removal(
     after = writer(client, node, claims)  # a new process: it wrote nothing itself
     await after.on_unprepared(ref)
     await asyncio.wait_for(after.drained(), 10)
-    assert claims.entries("c") == [] and puts(api, "c") == 2
+    assert claims.entries("c") == [] and status_patches(api, "c") == 2
 
 
 async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
@@ -138,7 +79,7 @@ async def test_unprepare_while_the_write_is_out_is_one_removal_after_it(
     hold.release()
     await asyncio.wait_for(w.drained(), 10)
     # The write that was out, then one removal: never a second write of the entries.
-    assert puts(api, "c") == 2 and claims.entries("c") == []
+    assert status_patches(api, "c") == 2 and claims.entries("c") == []
 
 
 async def test_a_full_queue_sets_a_prepared_claim_aside_and_writes_it_later(
@@ -190,7 +131,7 @@ async def test_faults_are_retried_with_a_growing_backoff_until_written(
     api.fail(500, method="PATCH", path="/status", times=3)
     await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
-    assert len(claims.entries("c")) == 1 and puts(api, "c") == 4
+    assert len(claims.entries("c")) == 1 and status_patches(api, "c") == 4
     assert len(sleeps.waits) == 3 and sleeps.waits[2] > sleeps.waits[0]
     # After a failure the claim is read again: what Prepare read may be stale by then.
     assert api.count("GET", "/resourceclaims/c") == 3
@@ -207,7 +148,7 @@ async def test_a_claim_written_since_prepare_read_it_is_applied_without_a_read(
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("c")) == 1
     # No resourceVersion in an apply: a newer claim is no conflict, and costs no read.
-    assert puts(api, "c") == 1 and api.count("GET", "/resourceclaims/c") == 0
+    assert status_patches(api, "c") == 1 and api.count("GET", "/resourceclaims/c") == 0
 
 
 async def test_a_status_backlog_delays_neither_a_claim_read_nor_a_taint(

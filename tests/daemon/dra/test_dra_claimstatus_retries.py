@@ -7,92 +7,27 @@ the queue's bound."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from claimstatus_support import Claims, Sleeps, small_node, status_patches, writer
 from dra_support import DRIVER, NODE
 
-from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
 from rdma_hca.daemon.dra.claimevents import STATUS_REFUSED, ClaimEvents
-from rdma_hca.daemon.dra.claims import ClaimRef, parse_claim
-from rdma_hca.daemon.dra.claimstatus import REFUSALS, ClaimStatusWriter
-from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.claims import parse_claim
+from rdma_hca.daemon.dra.claimstatus import REFUSALS
 from rdma_hca.daemon.dra.kubeapi import SliceApi
 from rdma_hca.devkit.dra.stage import DraStage, with_changes
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim.tree import SimNode
-from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.events import EventRecorder
-from rdma_hca.node.inventory import discover_node
-from rdma_hca.settings.model import Mode
-
-
-class Sleeps:
-    """The writer's waits, recorded; each passes at once unless ``held``."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self.held = False
-        self._go = asyncio.Event()
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        if self.held:
-            await self._go.wait()
-        await asyncio.sleep(0)
-
-    def release(self) -> None:
-        self.held = False
-        self._go.set()
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> SimNode:
-    return sim.gpu_node(tmp_path / "n", hcas=2, bond=False, gid_table_size=4)
-
-
-def device() -> tuple[PreparedDevice, ...]:
-    return (PreparedDevice(("hca",), NODE, "mlx5-1", "mlx5_1", ("x/y=mlx5-1",)),)
-
-
-class Claims:
-    """Claims on the fake server, and which of them the driver holds prepared (the
-    checkpoint's view)."""
-
-    def __init__(self, api: FakeApiServer) -> None:
-        self.api = api
-        self.prepared: dict[str, PreparedClaim] = {}
-
-    def add(self, name: str) -> ClaimRef:
-        uid = self.api.add_claim("ns", name, [
-            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": "mlx5-1"}])
-        return ClaimRef("ns", uid, name)
-
-    def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        self.prepared[ref.uid] = PreparedClaim(ref.namespace, ref.name, device())
-        return device()
-
-    def entries(self, name: str) -> list[dict[str, Any]]:
-        return list(self.api.claim("ns", name)["status"].get("devices") or [])
-
-    def view(self) -> Mapping[str, PreparedClaim]:
-        return self.prepared
-
-
-def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any
-           ) -> ClaimStatusWriter:
-    inventory = discover_node(node.sysfs_root, node.dev_root)
-    offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
-    return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
-                             hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.view,
-                             **kw)
-
-
-def applies(api: FakeApiServer, name: str) -> int:
-    return api.count("PATCH", f"/resourceclaims/{name}/status")
+    return small_node(tmp_path)
 
 
 async def test_writes_pending_at_a_stop_are_made_by_the_next_start(
@@ -149,7 +84,7 @@ async def test_retry_after_is_kept_whatever_its_length_up_to_its_cap(
     await w.on_prepared(ref, claims.prepare(ref), parse_claim(api.claim("ns", "c")))
     await asyncio.wait_for(w.drained(), 10)
     assert sleeps.waits == [waited] and len(claims.entries("c")) == 1
-    assert applies(api, "c") == 2
+    assert status_patches(api, "c") == 2
 
 
 async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
@@ -164,7 +99,7 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     refusal = api.fail(422, method="PATCH", path="/bad/status", times=100)
     await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
-    assert applies(api, "bad") == REFUSALS and w.refused == REFUSALS
+    assert status_patches(api, "bad") == REFUSALS and w.refused == REFUSALS
     await w.on_prepared(good, claims.prepare(good), parse_claim(api.claim("ns", "good")))
     await asyncio.wait_for(w.drained(), 10)
     assert len(claims.entries("good")) == 1
@@ -178,7 +113,7 @@ async def test_a_refusal_is_sent_a_few_times_told_on_the_claim_and_others_go_on(
     refusal.times = 0
     await w.on_prepared(bad, claims.prepare(bad), parse_claim(api.claim("ns", "bad")))
     await asyncio.wait_for(w.drained(), 10)
-    assert applies(api, "bad") == REFUSALS + 1 and len(claims.entries("bad")) == 1
+    assert status_patches(api, "bad") == REFUSALS + 1 and len(claims.entries("bad")) == 1
 
 
 async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
@@ -194,7 +129,7 @@ async def test_a_claim_gone_or_made_again_is_not_written_nor_refused(
         await w.on_prepared(ref, claims.prepare(ref), known[ref.name])
     await asyncio.wait_for(w.drained(), 10)
     assert claims.entries("remade") == [] and w.refused == 0 and w.retries == 0
-    assert applies(api, "gone") == 1 and applies(api, "remade") == 1
+    assert status_patches(api, "gone") == 1 and status_patches(api, "remade") == 1
 
 
 async def test_retries_in_backoff_count_toward_the_bound(
