@@ -3,34 +3,16 @@ subresource as the real one does."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import ApiError, ConflictError
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DRIVER = "rdma-hca.io"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                             context=None, env={}, home=tmp_path)
-    c = ApiClient(creds)
-    yield c
-    await c.close()
 
 
 def device(i: int, *, attrs: int = 2, taint: bool = False) -> dict[str, Any]:

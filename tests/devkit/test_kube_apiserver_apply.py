@@ -4,36 +4,18 @@ between managers, the status subresource alone, UIDs, the feature gate, validati
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import load_credentials
 from rdma_hca.kube.errors import ApiError, ConflictError, NotFoundError
 
 DRA = "resource.k8s.io/v1"
 OURS = "rdma-hca.io"
 GPU = "gpu.example.com"
 PATH = f"/apis/{DRA}/namespaces/ns/resourceclaims/c/status"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                             context=None, env={}, home=tmp_path)
-    c = ApiClient(creds)
-    yield c
-    await c.close()
 
 
 def add_claim(api: FakeApiServer, name: str = "c") -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,12 +15,6 @@ from rdma_hca.devkit.kube.cluster import TOKEN
 
 V1 = "/apis/events.k8s.io/v1/namespaces/ml/events"
 CORE = "/api/v1/namespaces/ml/events"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 def call(api: FakeApiServer, method: str, path: str, body: Any = None,

@@ -3,7 +3,6 @@ upstream's validateDevice / validateRequestPolicy* do, naming the field it refus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -111,12 +110,6 @@ def test_capacities_count_toward_the_32_per_device() -> None:
         validation.check_slice({**_slice({"value": "1"}), "spec": {
             **_slice({})["spec"], "devices": [{"name": "d", "capacity": {
                 f"{DRIVER}/Band-width": {"value": "1"}}}]}}, taints_allowed=True)
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 async def test_over_http_the_answer_is_422_naming_the_field(
