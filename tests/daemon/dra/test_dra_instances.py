@@ -367,6 +367,12 @@ async def _end(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
+def _serve_env(api: FakeApiServer, tmp_path: Path) -> dict[str, str]:
+    """What a `serve` process of these tests runs with: the fake API server's kubeconfig."""
+    return {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+            "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+
+
 def _slice_writes(api: FakeApiServer) -> list[str]:
     return [f"{r.method} {r.path}" for r in api.requests
             if r.method != "GET" and "/resourceslices" in r.path]
@@ -376,8 +382,7 @@ async def test_two_serve_processes_without_pod_uid_the_second_exits_2_naming_the
         dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
-    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    env = _serve_env(api, tmp_path)
     env.pop("POD_UID", None)
     first = await _serve(dra_node, root, env)
     try:
@@ -409,8 +414,7 @@ async def test_an_instance_killed_with_9_leaves_no_socket_once_the_next_one_star
         dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
-    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    env = _serve_env(api, tmp_path)
     registry, plugin = os.path.join(root, "plugins_registry"), os.path.join(root, "plugins",
                                                                             DRIVER)
     killed = await _serve(dra_node, root, {**env, "POD_UID": UID_A})
@@ -437,8 +441,7 @@ async def test_a_serve_process_whose_socket_another_took_exits_2_and_leaves_it_a
         dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
     kubelet = DraKubelet(root, NODE)
     await kubelet.start()
-    env = {**os.environ, "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-           "NODE_NAME": NODE, "TMPDIR": str(tmp_path)}
+    env = _serve_env(api, tmp_path)
     env.pop("POD_UID", None)
     endpoint = os.path.join(root, "plugins", DRIVER, "dra.sock")
     proc = await _serve(dra_node, root, env)
