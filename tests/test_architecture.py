@@ -57,12 +57,13 @@ ALLOWED: dict[str, set[str]] = {
     "devkit": set(WINGS),
     "": set(WINGS),  # rdma_hca/__init__.py, rdma_hca/cli.py
 }
-ROOMS = ("watch", "offer", "deviceplugin", "dra", "observe", "_proto")
+ROOMS = ("watch", "offer", "deviceplugin", "dra", "observe", "fabric", "_proto")
 # Which other rooms of the daemon a room may import; the composition root takes any.
 ROOM_ALLOWED: dict[str, set[str]] = {
     "watch": set(),
     "offer": set(),
     "observe": set(),
+    "fabric": {"watch"},
     "_proto": set(),
     "deviceplugin": {"watch", "offer", "_proto"},
     "dra": {"watch", "offer", "_proto"},
