@@ -9,7 +9,9 @@ several registration sockets may name one driver (a rolling update): the newest 
 one called, and when its socket goes the kubelet goes back to the one registered before
 it, still there, without wiping the driver's slices. ``restart()`` is a kubelet
 restart: connections dropped, the registration sockets removed, and every ResourceSlice
-of the node deleted through the API server, as a starting kubelet does.
+of the node deleted through the API server, as a starting kubelet does. It keeps what
+each prepared claim's answer said, as the kubelet does, and shows it as the PodResources
+API reports it per container (``claim_resources``: each device entry with its share ID).
 """
 
 from __future__ import annotations

@@ -327,6 +327,11 @@ class KubeletSockets:
         if self.config.pod_uid or path in (self.endpoint, self.registration_socket) \
                 or os.path.basename(path).startswith("."):
             return
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return  # the checkpoint and its temp files come and go here too
+        except OSError:
+            return
         task = asyncio.create_task(self._probe(path), name="dra-rival-check")
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
