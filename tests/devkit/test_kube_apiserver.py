@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from rdma_hca import __version__
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.kube.client import ApiClient
+from rdma_hca.devkit.kube.apply import with_manager
+from rdma_hca.kube.client import AGENT, ApiClient
 from rdma_hca.kube.errors import ApiError, ConflictError
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -131,3 +133,31 @@ async def test_v1beta2_serves_the_same_slices_and_v1beta1_is_not_served(
         ("resource.k8s.io/v1beta2", "s1")]
     with pytest.raises(ApiError, match="HTTP 404"):
         await client.get("/apis/resource.k8s.io/v1beta1/resourceslices")
+
+
+async def test_a_write_is_recorded_under_its_field_manager_or_user_agent(
+        api: FakeApiServer, client: ApiClient) -> None:
+    # The client names itself: User-Agent and fieldManager, both ours.
+    created = await client.request("POST", SLICES, body=slice_of([device(0)]))
+    (entry,) = created["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == (AGENT, "Update")
+    assert f"rdma-hca/{__version__}" == AGENT
+    (sent,) = [r for r in api.requests if r.method == "POST"]
+    assert sent.user_agent == AGENT and sent.query["fieldManager"] == [AGENT]
+    # Without a fieldManager the server takes the User-Agent's product, as upstream does;
+    # a second writer adds its own entry, and a write that changes nothing adds none.
+    changed = {**created, "spec": {**created["spec"], "devices": [device(1)]}}
+    api.handle("PUT", f"{SLICES}/s1", with_manager("PUT", {}, "application/json",
+                                                    "python-httpx2/0.1 (extra)"), changed)
+    assert api.cluster.resource_slices is not None
+    stored = api.cluster.resource_slices[0]
+    assert [(m["manager"], m["operation"]) for m in stored["metadata"]["managedFields"]] == [
+        (AGENT, "Update"), ("python-httpx2", "Update")]
+    again = {**stored, "spec": {**stored["spec"]}}
+    await client.request("PUT", f"{SLICES}/s1", body=again)
+    assert len(api.cluster.resource_slices[0]["metadata"]["managedFields"]) == 2
+    # A field manager the server refuses.
+    with pytest.raises(ApiError, match="fieldManager: Too long") as err:
+        await client.request("POST", SLICES, body=slice_of([device(0)], name="s2"),
+                             params={"fieldManager": "m" * 129})
+    assert err.value.status == 422

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
-from rdma_hca.kube.client import ApiClient
+from rdma_hca.kube.client import AGENT, ApiClient
 from rdma_hca.kube.errors import ApiError, ConflictError, NotFoundError
 
 DRA = "resource.k8s.io/v1"
@@ -163,7 +163,10 @@ async def test_an_update_that_removes_an_entry_takes_it_from_its_manager(
     # Our manager owns nothing now: applying nothing leaves the update's entry alone.
     await client.apply(PATH, body(), field_manager=OURS)
     assert api.claim("ns", "c")["status"]["devices"] == [entry(GPU, "gpu-0")]
-    assert "managedFields" not in api.claim("ns", "c")["metadata"]
+    # What is left is the update's own record: its writer, named as the client names it.
+    (update,) = api.claim("ns", "c")["metadata"]["managedFields"]
+    assert (update["manager"], update["operation"], update["subresource"]) == (
+        AGENT, "Update", "status")
 
 
 async def test_apply_is_counted_as_its_own_verb(

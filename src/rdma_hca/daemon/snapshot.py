@@ -100,5 +100,6 @@ class StatusSnapshot:
                 status_refused=dra.status_refused,
                 status_dropped=dra.status_dropped,
                 status_pending=dra.status_pending,
+                attributes_dropped=dra.attributes_dropped,
             ),
         )

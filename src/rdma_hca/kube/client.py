@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rdma_hca import __version__
 from rdma_hca.kit.backoff import Backoff, Clock, Sleep
 from rdma_hca.kit.offloop import OffLoop, Stalled
 from rdma_hca.kit.workers import WORKERS
@@ -57,6 +58,14 @@ from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_afte
 from rdma_hca.kube.tally import APPLY_PATCH, ApiTally
 
 T = TypeVar("T")
+
+# Who writes, as the API server records it: the User-Agent of every request and the field
+# manager of every create, update and merge patch (``kubectl get -o yaml
+# --show-managed-fields``). Without a fieldManager the server names the writer after the
+# User-Agent's product, the HTTP library's name unless set. A server-side apply names its
+# manager itself (``apply``): ownership there must outlast a version change.
+AGENT = f"rdma-hca/{__version__}"
+_WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +175,9 @@ class ApiClient:
         client's own); ``priority`` LOW lets every HIGH request of that budget go first.
         ``content_type`` of the body: None is JSON, and a JSON merge patch for a PATCH.
         """
+        if method in _WRITES and content_type != APPLY_PATCH and not (
+                params and "fieldManager" in params):
+            params = {**(params or {}), "fieldManager": AGENT}
         name = rate or self.policy.rate_name
         try:
             limiter = self.limiters[name]
@@ -201,7 +213,7 @@ class ApiClient:
         import httpx2
         from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": AGENT}
         content: bytes | None = None
         if body is not None:
             content = json.dumps(body).encode()

@@ -140,8 +140,10 @@ async def test_a_claim_holding_100g_prepares_and_unprepare_releases_it(stage: Dr
     await stage.statuses_written()
     (entry,) = stage.api.claim("ns", "c")["status"]["devices"]
     assert (entry["device"], entry["shareID"]) == ("mlx5-0", SHARE_A)
+    assert [r.share_id for r in stage.kubelet.claim_resources(uid)] == [SHARE_A]
     resp = await stage.kubelet.unprepare(DRIVER, [("ns", uid, "c")])
     assert resp.claims[uid].error == ""
+    assert stage.kubelet.claim_resources(uid) == []
     assert _held(stage, "mlx5_0") == 0
     assert uid not in _checkpoint(stage)
 
@@ -153,6 +155,9 @@ async def test_a_claim_without_a_share_is_prepared_as_before(stage: DraStage) ->
     resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "plain")])
     assert resp.claims[uid].error == ""
     assert "RDMA_HCA_BANDWIDTH" not in _env(stage, uid)
+    (answered,) = resp.claims[uid].devices
+    assert not answered.HasField("share_id")  # no share: no share ID, as before
+    assert [r.share_id for r in stage.kubelet.claim_resources(uid)] == [None]
     (device,) = _checkpoint(stage)[uid]["devices"]
     assert "shares" not in device  # the file an older driver writes, and reads
     # A share that asked for no bandwidth (the policy's default 0): a share, no bandwidth.
@@ -174,10 +179,20 @@ async def test_two_requests_sharing_one_hca_add_up(stage: DraStage) -> None:
     resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "two")])
     entry = resp.claims[uid]
     assert entry.error == ""
-    # One CDI device for the HCA both requests got.
-    assert [(list(d.request_names), d.device_name) for d in entry.devices] == [
-        (["a", "b"], "mlx5-0"), (["c"], "mlx5-1")]
+    # One CDI device for the HCA both requests got, and one entry for each share: the
+    # CDI IDs on the first only, so the runtime gets each CDI device once.
+    cdi = {d: f"{DRIVER}/claim={uid}-{d}" for d in ("mlx5-0", "mlx5-1")}
+    (share_c,) = [r["shareID"] for r in stage.api.claim("ns", "two")["status"]["allocation"][
+        "devices"]["results"] if r["request"] == "c"]
+    assert [(list(d.request_names), d.device_name, d.share_id, list(d.cdi_device_ids))
+            for d in entry.devices] == [
+        (["a", "b"], "mlx5-0", SHARE_A, [cdi["mlx5-0"]]), (["a", "b"], "mlx5-0", SHARE_B, []),
+        (["c"], "mlx5-1", share_c, [cdi["mlx5-1"]])]
     assert len(_spec(stage, uid)["devices"]) == 2
+    # What the PodResources API shows a container naming the claim: each share.
+    assert [(r.device, r.share_id, r.cdi_devices) for r in stage.kubelet.claim_resources(uid)
+            ] == [("mlx5-0", SHARE_A, (cdi["mlx5-0"],)), ("mlx5-0", SHARE_B, ()),
+                  ("mlx5-1", share_c, (cdi["mlx5-1"],))]
     assert _env(stage, uid)["RDMA_HCA_BANDWIDTH"] == "mlx5_0=300000000000,mlx5_1=0"
     assert _held(stage, "mlx5_0") == 300 * 10**9
     await stage.statuses_written()

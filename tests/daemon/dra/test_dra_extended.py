@@ -142,14 +142,19 @@ async def test_two_units_in_one_pod_are_one_cdi_device_and_two_status_entries(
     node-wide device in the claim twice, each with a share ID of its own."""
     uid, entry = await _prepare_extended(stage, "job-c", count=2)
     assert entry.error == ""
-    (prepared,) = entry.devices
-    assert list(prepared.request_names) == [request_name(0)]
+    # One entry per share, the one CDI device on the first: what the kubelet hands the
+    # container (every entry's CDI IDs) names it once.
+    first, second = entry.devices
+    assert [list(d.request_names) for d in entry.devices] == [[request_name(0)]] * 2
+    assert [d.device_name for d in entry.devices] == [NODE_DEVICE] * 2
+    assert len(first.cdi_device_ids) == 1 and list(second.cdi_device_ids) == []
     spec = _spec(stage, uid)
     assert len(spec["devices"]) == 1  # a CDI spec naming one device twice is refused
     assert stage.driver is not None
     await stage.statuses_written()
     claims = [c for c in stage.api.cluster.resource_claims if c["metadata"]["uid"] == uid]
     shares = {r["shareID"] for r in claims[0]["status"]["allocation"]["devices"]["results"]}
+    assert {first.share_id, second.share_id} == shares
     entries = claims[0]["status"].get("devices") or []
     assert {e["shareID"] for e in entries} == shares and len(shares) == 2
     assert all(e["device"] == NODE_DEVICE for e in entries)

@@ -23,6 +23,10 @@ from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
 from rdma_hca.daemon.dra.kubeletplugin import sockets as sockets_module
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError
+from rdma_hca.daemon.dra.kubeletplugin.services import (
+    RegistrationService,
+    add_registration_service,
+)
 from rdma_hca.daemon.dra.kubeletplugin.sockets import KubeletSockets, SocketInUse, SocketTaken
 from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.dra.stage import DraStage, share_result
@@ -30,6 +34,7 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
 from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kit.unixserver import UnixServer
 from rdma_hca.settings.config import DraConfig
 from rdma_hca.settings.model import Settings
 
@@ -199,6 +204,101 @@ async def test_two_instances_started_at_one_moment_end_with_one_serving(
     finally:
         await first.stop()
         await second.stop()
+
+
+# --- one driver per node ------------------------------------------------------------------
+
+
+async def _keeper_ends(sockets: KubeletSockets) -> BaseException | None:
+    (keeper,) = [t for t in sockets.tasks if t.get_name() == "dra-sockets"]
+    done, _ = await asyncio.wait({keeper}, timeout=30)
+    assert keeper in done
+    return keeper.exception()
+
+
+async def test_a_host_instance_refuses_to_start_beside_the_pods(root: str) -> None:
+    pod = KubeletSockets(_config(root, pod_uid=UID_A), lambda server: None)
+    await pod.start()
+    try:
+        host_config = _config(root)
+        host = KubeletSockets(host_config, lambda server: None)
+        with pytest.raises(SocketInUse) as refused:
+            await host.start()
+        message = str(refused.value)
+        # Its DRA socket, whatever its name, and who serves it.
+        assert pod.endpoint in message and f"pid {os.getpid()}" in message
+        assert "one driver per node" in message and "\n" not in message
+        assert not os.path.exists(host_config.endpoint)
+        assert not os.path.exists(host_config.registration_socket)
+        # A rolling update (a pod UID on both) serves beside it, as before.
+        update = KubeletSockets(_config(root, pod_uid=UID_B), lambda server: None)
+        await update.start()
+        await update.stop()
+        assert all(not t.done() for t in pod.tasks)
+    finally:
+        await pod.stop()
+
+
+async def test_a_registration_naming_our_driver_is_another_instance_whatever_its_name(
+        root: str) -> None:
+    config = _config(root)
+    registry = os.path.dirname(config.registration_socket)
+
+    async def no_status(registered: bool, error: str) -> None:
+        return None
+
+    def registration(name: str, driver: str) -> UnixServer:
+        service = RegistrationService(driver, "/nowhere/dra.sock", no_status)
+        return UnixServer(os.path.join(registry, name),
+                          lambda s: add_registration_service(s, service),
+                          max_receive_bytes=1024 * 1024)
+
+    # Another driver's registration and a dead socket are no instance of ours.
+    other = registration("other.example.com-reg.sock", "other.example.com")
+    await other.start()
+    _dead(os.path.join(registry, "leftover.sock"))
+    try:
+        host = KubeletSockets(config, lambda server: None)
+        await host.start()
+        await host.stop()
+        ours = registration("renamed.sock", DRIVER)
+        await ours.start()
+        try:
+            with pytest.raises(SocketInUse) as refused:
+                await KubeletSockets(config, lambda server: None).start()
+            assert os.path.join(registry, "renamed.sock") in str(refused.value)
+            assert f"pid {os.getpid()}" in str(refused.value)
+        finally:
+            await ours.stop(None)
+    finally:
+        await other.stop(None)
+
+
+async def test_a_running_host_instance_steps_aside_when_the_pod_starts(root: str) -> None:
+    host_config = dataclasses.replace(_config(root), socket_check_seconds=0.05)
+    host = KubeletSockets(host_config, lambda server: None)
+    await host.start()
+    pod = KubeletSockets(_config(root, pod_uid=UID_A), lambda server: None)
+    try:
+        for _ in range(2000):  # both directories watched
+            if host.watches >= 2:
+                break
+            await asyncio.sleep(0.005)
+        await pod.start()
+        ended = await _keeper_ends(host)
+        assert isinstance(ended, SocketTaken)
+        assert "one driver per node" in str(ended) and f"pid {os.getpid()}" in str(ended)
+        assert pod.endpoint in str(ended) or pod.registration_socket in str(ended)
+        # The host's sockets are gone, the pod's serve on.
+        assert not host.registered and host.gave_way is not None
+        assert not os.path.exists(host_config.registration_socket)
+        await host.stop()
+        assert not os.path.exists(host_config.endpoint)
+        assert os.path.exists(pod.endpoint) and os.path.exists(pod.registration_socket)
+        assert all(not t.done() for t in pod.tasks)
+    finally:
+        await host.stop()
+        await pod.stop()
 
 
 # --- dead instances leave nothing behind -------------------------------------------------
@@ -407,6 +507,38 @@ async def test_two_serve_processes_without_pod_uid_the_second_exits_2_naming_the
         assert os.path.exists(os.path.join(root, "plugins", DRIVER, "dra.sock"))
     finally:
         await _end(first)
+        await kubelet.stop()
+
+
+async def test_a_host_serve_beside_the_pods_exits_2_naming_it(
+        dra_node: SimNode, root: str, tmp_path: Path, api: FakeApiServer) -> None:
+    kubelet = DraKubelet(root, NODE)
+    await kubelet.start()
+    env = _serve_env(api, tmp_path)
+    pod = await _serve(dra_node, root, {**env, "POD_UID": UID_A})
+    try:
+        assert await kubelet.wait_registered(DRIVER, timeout=30.0)
+        assert await wait_until(lambda: len(api.slices(NODE)) == 1, 30.0)
+        written = _slice_writes(api)
+        host_env = dict(env)
+        host_env.pop("POD_UID", None)
+        host = await _serve(dra_node, root, host_env)
+        try:
+            out, _ = await asyncio.wait_for(host.communicate(), 60.0)
+        finally:
+            await _end(host)
+        text = out.decode()
+        assert host.returncode == 2, text
+        assert "Traceback" not in text
+        (error,) = [line for line in text.splitlines() if " ERROR " in line]
+        assert f"pid {pod.pid}" in error and "one driver per node" in error
+        assert os.path.join(root, "plugins", DRIVER, f"dra-{UID_A}.sock") in error
+        # The pod kept serving, registered once, its slice not written by the host.
+        assert pod.returncode is None
+        assert kubelet.events.registered.count(DRIVER) == 1
+        assert _slice_writes(api) == written
+    finally:
+        await _end(pod)
         await kubelet.stop()
 
 

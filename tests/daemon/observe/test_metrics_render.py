@@ -142,3 +142,11 @@ def test_the_claim_status_writers_counts_come_from_the_snapshot() -> None:
     assert s["rdma_hca_dra_claim_status_refused_total"] == [({}, 3.0)]
     assert s["rdma_hca_dra_claim_status_dropped_total"] == [({}, 2.0)]
     assert s["rdma_hca_dra_claim_status_pending"] == [({}, 7.0)]
+
+
+def test_attributes_left_out_of_a_device_are_counted_from_the_snapshot() -> None:
+    s = metric_samples(render(replace(STATUS, dra=DraStatus(True, 1, 0, None))).decode())
+    assert s["rdma_hca_dra_attributes_dropped_total"] == [({}, 0.0)]  # there from the start
+    dra = DraStatus(True, 1, 0, None, attributes_dropped=4)
+    s = metric_samples(render(replace(STATUS, dra=dra)).decode())
+    assert s["rdma_hca_dra_attributes_dropped_total"] == [({}, 4.0)]

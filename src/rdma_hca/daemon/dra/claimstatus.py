@@ -8,7 +8,12 @@ removes the entries we applied before and leave out now. So an Unprepare is an a
 entries, another driver's entry is never part of what we send, and no resourceVersion is
 needed: a concurrent writer is no conflict. The claim's UID is in the apply body: a claim
 deleted meanwhile answers 409, one made again under the name 422 (its UID is immutable),
-and neither is written.
+and neither is written. The manager is the driver's name, not the ``rdma-hca/<version>``
+every other write of ours carries (the User-Agent still says the version): what a manager
+applied is removed only by that manager's later apply, so under a versioned name the
+entries an older version wrote would stay after an upgrade, owned by a name nothing
+writes as any more, and two versions serving side by side in a rolling update would
+each keep the other's entries.
 
 Off the pod's path. ``on_prepared`` and ``on_unprepared`` (the claims code's hooks) only
 note what the claim's entries should become and return at once; a few workers write them

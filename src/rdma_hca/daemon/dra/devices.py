@@ -29,6 +29,16 @@ agrees), so such a selector is false for it rather than an error; the standard
 attributes (PCIe root, bus ID, NUMA node) and each HCA's own identities (netdev, GUID,
 firmware) have no one value for several HCAs and are left out.
 
+A device holds at most 32 attributes and capacities together (the API's
+``ResourceSliceMaxAttributesAndCapacitiesPerDevice``); ours are far fewer, but the budget
+is kept by design rather than by a cut that loses whatever came last. Should a device ever
+have more, :func:`fit` leaves out the least useful first, in the documented order of
+``KEEP_ORDER`` read backwards (names this module does not know, then ``firmware``,
+``nodeGUID``, ...), and never one of ``NEVER_LEFT_OUT`` (the device's kind, HCA name and
+link state, and the standard PCIe root, bus ID and NUMA node that align it with a GPU).
+The offer records what it left out (``DeviceOffer.left_out``), which the driver says and
+counts: a selector naming such an attribute no longer matches the device.
+
 The records are typed (``Device`` and its parts, the API's field names); they become
 JSON bodies only where the publisher sends them.
 """
@@ -65,8 +75,10 @@ from rdma_hca.contract.dra import (
     RATE_GBPS,
     ROCE_V2_IPV6,
     SLOTS,
+    STANDARD,
     VENDOR,
 )
+from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT
 from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
@@ -74,6 +86,14 @@ from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.model import BANDWIDTH_STEP, DEFAULT_RDMA_HCA_MAX, Mode
 
 MAX_DNS_LABEL = 63
+MAX_ATTRIBUTES_AND_CAPACITIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+# Never left out: what tells the devices apart and what aligns them with a GPU.
+NEVER_LEFT_OUT = frozenset({KIND, HCA_NAME, LINK_STATE, PCIE_ROOT, PCI_BUS_ID, NUMA_NODE})
+# The rest, most useful first: the capacities (the scheduler's count of the bandwidth and
+# the slots), the fabric (which leaf switch: topology-aware placement), then what
+# selectors name the most down to what is there to read. Names not listed go first.
+KEEP_ORDER = (BANDWIDTH, SLOTS, SWITCH, SWITCH_PORT, HCA_COUNT, RATE_GBPS, LINK_LAYER,
+              ROCE_V2_IPV6, NETDEV, VENDOR, NODE_GUID, FIRMWARE)
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
 
@@ -262,6 +282,47 @@ def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool,
     return entry
 
 
+def _short(key: str) -> str:
+    """An attribute's or capacity's name as the keep order names it: the standard ones
+    whole, the driver's without its domain."""
+    return key if key.startswith(STANDARD + "/") else key.rpartition("/")[2]
+
+
+def _rank(key: str) -> int:
+    """-1 for a name never left out; else its place in the keep order (unknown: last)."""
+    name = _short(key)
+    if name in NEVER_LEFT_OUT:
+        return -1
+    return KEEP_ORDER.index(name) if name in KEEP_ORDER else len(KEEP_ORDER)
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    device: Device
+    left_out: tuple[str, ...] = ()  # attribute and capacity names, the least useful first
+
+
+def fit(device: Device) -> Fitted:
+    """The device within the API's 32 attributes and capacities, leaving out the least
+    useful first (module docstring); ``left_out`` is empty when it fits as it is."""
+    attrs = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    over = len(attrs) + len(capacity) - MAX_ATTRIBUTES_AND_CAPACITIES
+    if over <= 0:
+        return Fitted(device)
+    candidates = sorted((k for k in (*attrs, *capacity) if _rank(k) >= 0),
+                        key=lambda k: (-_rank(k), k))
+    left_out = tuple(candidates[:over])
+    out = device.copy()
+    out["attributes"] = {k: v for k, v in attrs.items() if k not in left_out}
+    kept = {k: v for k, v in capacity.items() if k not in left_out}
+    if kept:
+        out["capacity"] = kept
+    else:
+        out.pop("capacity", None)
+    return Fitted(out, left_out)
+
+
 def hca_device_names(names: Iterable[str], *, node_device: bool) -> dict[str, str]:
     """:func:`device_names`, keeping ``all-hcas`` free for the node-wide device (an HCA
     named ``all_hcas`` gets a hashed suffix instead)."""
@@ -327,6 +388,8 @@ class DeviceOffer:
     # selected HCA in the inventory's order, which is the device plugin's order too.
     groups: Mapping[str, tuple[Hca, ...]] = field(default_factory=dict)
     held: frozenset[str] = field(default=frozenset())  # HCAs held for flapping
+    # Device name -> what :func:`fit` left out of it (only devices that lost something).
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
@@ -344,7 +407,10 @@ class DeviceOffer:
         if node_wide:
             devices.append(node_device(hcas, driver, taints, held))
             groups[NODE_DEVICE] = tuple(hcas)
-        return cls(by_device, devices, digest(devices), rdma_cm, groups, held)
+        fitted = [fit(d) for d in devices]
+        devices = [f.device for f in fitted]
+        left_out = {f.device["name"]: f.left_out for f in fitted if f.left_out}
+        return cls(by_device, devices, digest(devices), rdma_cm, groups, held, left_out)
 
     def bandwidth(self) -> dict[str, int]:
         """Each HCA's published bandwidth (by HCA name), bits per second; 0 where its

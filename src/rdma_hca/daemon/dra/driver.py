@@ -71,6 +71,7 @@ class DraStats:
     status_refused: int = 0
     status_dropped: int = 0
     status_pending: int = 0
+    attributes_dropped: int = 0  # left out of a device to keep within the API's limit
 
 
 @dataclass(slots=True)
@@ -164,6 +165,7 @@ class DraDriver:
             status_refused=writer.refused if writer is not None else 0,
             status_dropped=writer.dropped if writer is not None else 0,
             status_pending=writer.pending if writer is not None else 0,
+            attributes_dropped=self.offering.attributes_dropped,
         )
 
     # --- life cycle ------------------------------------------------------------------

@@ -6,13 +6,17 @@ is handed each new one (the desired devices).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 from rdma_hca.contract.checkpoint import PreparedClaim
 from rdma_hca.contract.dra import NODE_DEVICE
 from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.devices import MAX_ATTRIBUTES_AND_CAPACITIES, DeviceOffer
+from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.model import CharDevice, Hca, NodeInventory
+
+log = logging.getLogger(__name__)
 
 
 class NodeOffer:
@@ -20,6 +24,11 @@ class NodeOffer:
 
     def __init__(self, config: DriverConfig) -> None:
         self.config = config
+        # Attributes and capacities left out of a device to keep within the API's limit,
+        # each counted when it starts being left out (``devices.fit``).
+        self.attributes_dropped = 0
+        self._left_out: set[tuple[str, str]] = set()
+        self._said = Once(limit=1024)
         self._offer = self._build((), None, frozenset())
 
     @property
@@ -36,10 +45,25 @@ class NodeOffer:
 
     def _build(self, hcas: Sequence[Hca], rdma_cm: CharDevice | None,
                held: frozenset[str]) -> DeviceOffer:
-        return DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
-                                 self.config.device_taints, rdma_cm, held,
-                                 node_device_on=self.config.node_device,
-                                 default_bandwidth=self.config.default_bandwidth)
+        offer = DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
+                                  self.config.device_taints, rdma_cm, held,
+                                  node_device_on=self.config.node_device,
+                                  default_bandwidth=self.config.default_bandwidth)
+        self._note_left_out(offer.left_out)
+        return offer
+
+    def _note_left_out(self, left_out: Mapping[str, tuple[str, ...]]) -> None:
+        now = {(device, name) for device, names in left_out.items() for name in names}
+        self.attributes_dropped += len(now - self._left_out)
+        self._left_out = now
+        for device, names in sorted(left_out.items()):
+            message = (f"device {device} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} "
+                       f"attributes and capacities, the most a ResourceSlice device may "
+                       f"have: {', '.join(names)} left out of its slice (the least useful "
+                       "first, as docs/dra.md lists them); a selector that names them does "
+                       "not match this device")
+            if self._said.first(message):
+                log.warning("%s", message)
 
     def bandwidth_held(self, prepared: Mapping[str, PreparedClaim]) -> dict[str, int]:
         """Bits per second of each HCA the prepared claims hold: every offered HCA (at 0

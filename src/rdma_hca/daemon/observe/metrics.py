@@ -142,6 +142,12 @@ class StatusFamilies:
             waited.add_metric([budget], seconds)
         yield waited
         yield from self._claim_status(s.dra)
+        left_out = _counter("rdma_hca_dra_attributes_dropped_total",
+                            "Attributes and capacities left out of a published device to "
+                            "keep within the API's 32 per device (the least useful first), "
+                            "each counted when it starts being left out")
+        left_out.add_metric([], s.dra.attributes_dropped)
+        yield left_out
 
     @staticmethod
     def _claim_status(dra: DraStatus) -> Iterator[Metric]:

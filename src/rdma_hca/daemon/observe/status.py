@@ -52,6 +52,8 @@ class DraStatus:
     status_refused: int = 0
     status_dropped: int = 0
     status_pending: int = 0
+    # Attributes and capacities left out of a device to keep within the API's limit.
+    attributes_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ several registration sockets may name one driver (a rolling update): the newest 
 one called, and when its socket goes the kubelet goes back to the one registered before
 it, still there, without wiping the driver's slices. ``restart()`` is a kubelet
 restart: connections dropped, the registration sockets removed, and every ResourceSlice
-of the node deleted through the API server, as a starting kubelet does.
+of the node deleted through the API server, as a starting kubelet does. It keeps what
+each prepared claim's answer said, as the kubelet does, and shows it as the PodResources
+API reports it per container (``claim_resources``: each device entry with its share ID).
 """
 
 from __future__ import annotations
@@ -80,6 +82,17 @@ class KubeletEvents:
     fallbacks: list[str] = field(default_factory=list)  # back to an older instance
 
 
+@dataclass(frozen=True)
+class ClaimResource:
+    """One device of a prepared claim as the PodResources API reports it per container."""
+
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None  # None when the answer had none (field unset)
+    cdi_devices: tuple[str, ...]
+
+
 def _is_socket(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -110,6 +123,8 @@ class DraKubelet:
         self._task: asyncio.Task[None] | None = None
         self._wipes: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
+        # What each prepared claim's answer said, by claim UID, as the kubelet keeps it.
+        self.prepared: dict[str, list[ClaimResource]] = {}
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -295,13 +310,30 @@ class DraKubelet:
         pb2, stub = self._stub(driver)
         request = pb2.NodePrepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        return await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        resp = await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        for uid, entry in resp.claims.items():
+            if not entry.error:
+                self.prepared[uid] = [ClaimResource(
+                    driver, d.pool_name, d.device_name,
+                    d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name
+                    and d.HasField("share_id") else None,
+                    tuple(d.cdi_device_ids)) for d in entry.devices]
+        return resp
 
     async def unprepare(self, driver: str, claims: Sequence[tuple[str, str, str]]) -> Any:
         pb2, stub = self._stub(driver)
         request = pb2.NodeUnprepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        return await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        resp = await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        for uid, entry in resp.claims.items():
+            if not entry.error:
+                self.prepared.pop(uid, None)
+        return resp
+
+    def claim_resources(self, uid: str) -> list[ClaimResource]:
+        """A container's ``dynamicResources[].claimResources`` for a claim it names: every
+        device entry of the claim's answer, each with its share ID."""
+        return list(self.prepared.get(uid, ()))
 
     # --- the API server --------------------------------------------------------------------
 

@@ -122,6 +122,50 @@ def check_body(body: Mapping[str, Any] | None, name: str, ns: str, kind: str,
                         "match the namespace sent on the request")
 
 
+def with_manager(method: str, query: dict[str, list[str]], content_type: str,
+                 user_agent: str) -> dict[str, list[str]]:
+    """The query of a create, update or merge patch with its field manager, as the API
+    server names it: the fieldManager given, else the User-Agent's product (the part
+    before its first ``/``). An apply names its own (:func:`check_options`)."""
+    if method not in ("POST", "PUT", "PATCH") or content_type.startswith(APPLY_PATCH) \
+            or "fieldManager" in query:
+        return query
+    return {**query, "fieldManager": [user_agent.split("/", 1)[0]]}
+
+
+def check_manager(query: Mapping[str, list[str]]) -> str:
+    """The field manager of a write: at most 128 printable characters, as upstream checks."""
+    manager = (query.get("fieldManager") or [""])[0]
+    if len(manager) > MAX_MANAGER:
+        raise Invalid(f"fieldManager: Too long: may not be more than {MAX_MANAGER} bytes")
+    if not manager.isprintable():
+        raise Invalid(f"fieldManager: Invalid value: {manager!r}: must only contain "
+                      "printable characters")
+    return manager
+
+
+def record_update(obj: dict[str, Any], manager: str, api_version: str, stamp: str,
+                  subresource: str = "") -> None:
+    """``manager``'s Update entry in ``obj``'s managedFields, replacing its earlier one
+    (one entry per manager, operation and subresource, as upstream keeps them). Which
+    fields it set is kept coarse: the top-level fields it wrote."""
+    if not manager:
+        return
+    meta = obj.setdefault("metadata", {})
+    fields = sorted(k for k in obj if k not in ("apiVersion", "kind", "metadata"))
+    if subresource:
+        fields = ["status"]
+    entry: dict[str, Any] = {
+        "manager": manager, "operation": "Update", "apiVersion": api_version, "time": stamp,
+        "fieldsType": "FieldsV1", "fieldsV1": {f"f:{k}": {} for k in fields}}
+    if subresource:
+        entry["subresource"] = subresource
+    kept = [mf for mf in meta.get("managedFields") or []
+            if not (mf.get("manager") == manager and mf.get("operation") == "Update"
+                    and mf.get("subresource", "") == subresource)]
+    meta["managedFields"] = [*kept, entry]
+
+
 def check_options(query: Mapping[str, list[str]]) -> tuple[str, bool]:
     manager = (query.get("fieldManager") or [""])[0]
     if not manager:

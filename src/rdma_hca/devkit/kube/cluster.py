@@ -19,6 +19,7 @@ class Recorded:
     query: dict[str, list[str]]
     authorization: str | None = None
     client_cn: str | None = None  # the common name of a verified TLS client certificate
+    user_agent: str | None = None
 
 
 @dataclass

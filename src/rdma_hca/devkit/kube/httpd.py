@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from rdma_hca.devkit.kube.apply import APPLY_PATCH
+from rdma_hca.devkit.kube.apply import APPLY_PATCH, with_manager
 from rdma_hca.devkit.kube.cluster import FakeCluster, Recorded
 from rdma_hca.devkit.kube.errors import HttpError, status_object
 from rdma_hca.devkit.kube.faults import Fault, reason_for
@@ -78,7 +78,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         auth = self.headers.get("Authorization")
-        record = Recorded(method, url.path, query, auth, self._client_cn())
+        agent = self.headers.get("User-Agent")
+        record = Recorded(method, url.path, query, auth, self._client_cn(), agent)
         cluster.requests.append(record)
         if api.on_request is not None:
             api.on_request(record)
@@ -108,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
                      else json.loads(raw)) if raw else None)
             if body is not None and not isinstance(body, dict):
                 raise HttpError(400, "BadRequest", "the body must be a JSON object")
-            code, answer = api.handle(method, url.path, query, body, content_type)
+            code, answer = api.handle(method, url.path, with_manager(
+                method, query, content_type, agent or ""), body, content_type)
         except HttpError as exc:
             if exc.code == 404 and cluster.plain_404 and "could not find" in str(exc):
                 self._send_raw(404, b"404 page not found\n", "text/plain; charset=utf-8", {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rdma_hca.devkit.kube import apply
 from rdma_hca.devkit.kube.apply import APPLY_PATCH
 from rdma_hca.devkit.kube.cluster import DRA
 from rdma_hca.devkit.kube.errors import HttpError, not_found
@@ -110,7 +111,8 @@ class Router:
             if method == "POST":
                 if body is None:
                     raise HttpError(400, "BadRequest", "a body is required")
-                return 201, copy.deepcopy(store.create(resource, ns or "", body))
+                return 201, copy.deepcopy(store.create(resource, ns or "", body,
+                                                       apply.check_manager(query)))
             if method == "DELETE":
                 gone = store.select(items, ns, fields, labels, allowed)
                 items[:] = [o for o in items if o not in gone]
@@ -122,7 +124,8 @@ class Router:
         if method == "PUT":
             if body is None:
                 raise HttpError(400, "BadRequest", "a body is required")
-            return 200, copy.deepcopy(store.replace(resource, ns or "", name, body, status))
+            return 200, copy.deepcopy(store.replace(resource, ns or "", name, body, status,
+                                                    apply.check_manager(query)))
         if method == "PATCH" and status:
             if content_type.split(";")[0].strip() != APPLY_PATCH:
                 raise HttpError(415, "UnsupportedMediaType", "the fake API server takes "

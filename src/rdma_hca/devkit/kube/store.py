@@ -51,8 +51,10 @@ class Store:
                 return o
         raise HttpError(404, "NotFound", f'"{name}" not found', {"name": name})
 
-    def create(self, resource: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, resource: str, ns: str, obj: dict[str, Any],
+               manager: str = "") -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})
+        meta.pop("managedFields", None)  # the server's to write
         if not meta.get("name"):
             prefix = meta.get("generateName")
             if not prefix:
@@ -74,11 +76,12 @@ class Store:
         obj["apiVersion"] = DRA
         obj["kind"] = {"resourceslices": "ResourceSlice",
                        "resourceclaims": "ResourceClaim"}.get(resource, obj.get("kind"))
+        apply.record_update(obj, manager, DRA, meta["creationTimestamp"])
         items.append(obj)
         return obj
 
     def replace(self, resource: str, ns: str, name: str, obj: dict[str, Any],
-                status_only: bool) -> dict[str, Any]:
+                status_only: bool, manager: str = "") -> dict[str, Any]:
         items = self.items(resource)
         old = self.find(items, ns, name)
         meta = obj.get("metadata") or {}
@@ -115,6 +118,8 @@ class Store:
                 else:
                     new["metadata"].pop(k, None)
         if new != old:
+            # A write that changes nothing leaves managedFields as they were.
+            apply.record_update(new, manager, DRA, now(), "status" if status_only else "")
             new["metadata"]["resourceVersion"] = self.next_rv()
         items[items.index(old)] = new
         return new

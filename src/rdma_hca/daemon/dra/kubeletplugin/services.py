@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from rdma_hca.contract.checkpoint import PreparedDevice
 from rdma_hca.daemon._proto.dra import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
@@ -93,8 +94,30 @@ def _claims(request: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
 
 
+def add_device(entry: Any, d: PreparedDevice, *, shares: bool) -> None:
+    """The device's entries in a claim's answer: one per share when the API has share IDs.
+
+    A device of consumable capacity holds one share per allocation result; the kubelet
+    keeps each entry's share ID and the PodResources API reports it per container. The
+    kubelet hands a container every CDI ID of every entry of its request, without
+    removing repeats, so the CDI IDs go on the device's first entry only: one CDI device
+    reaches the runtime once, and every entry names all the device's requests, so a
+    container naming any of them gets the first.
+    """
+    requests = list(d.request_names)
+    if not (shares and d.shares):
+        entry.devices.add(request_names=requests, pool_name=d.pool, device_name=d.device,
+                          cdi_device_ids=list(d.cdi_ids))
+        return
+    for i, share in enumerate(d.shares):
+        entry.devices.add(request_names=requests, pool_name=d.pool, device_name=d.device,
+                          cdi_device_ids=list(d.cdi_ids) if i == 0 else [],
+                          share_id=share.share_id)
+
+
 class _DraServiceBase:
     pb2: ModuleType
+    shares = False  # the version's Device has share_id
 
     def __init__(self, preparer: Preparer) -> None:
         self.preparer = preparer
@@ -109,8 +132,7 @@ class _DraServiceBase:
                 entry.error = result.error
                 continue
             for d in result.devices:
-                entry.devices.add(request_names=list(d.request_names), pool_name=d.pool,
-                                  device_name=d.device, cdi_device_ids=list(d.cdi_ids))
+                add_device(entry, d, shares=self.shares)
         return resp
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
@@ -134,6 +156,7 @@ class _DraServiceBase:
 
 class DraServiceV1(_DraServiceBase):
     pb2 = dra_v1_pb2
+    shares = True
 
 
 class DraServiceV1beta1(_DraServiceBase):

@@ -26,6 +26,15 @@ serving: whichever DRA socket is on the path is the one that stays. A registrati
 socket replaced by a live one while our DRA socket is ours is left alone: the other
 instance gives way on its side, removing it, and ours is served again at once.
 
+One driver per node. Without a pod UID an instance is not the chart's (a host run, a
+unit), and two instances of one driver on a node prepare each other's claims with their
+own settings: the kubelet calls the newest registration. So such an instance looks for
+another live one of its driver whatever its socket names: a socket in the driver's plugin
+directory that answers, or a registration socket whose GetInfo names the driver. Found at
+start, the start is refused (:class:`SocketInUse`, exit status 2, its path and pid);
+appearing while it runs (the chart's pod started beside a host run), this instance gives
+way as above. With a pod UID nothing changes: a rolling update serves two on purpose.
+
 Dead instances leave nothing behind. A process killed with -9 leaves its sockets, and
 the kubelet keeps dialling a dead registration every few seconds. At start, and
 whenever a new socket of this driver appears, sockets of this driver that refuse a
@@ -49,6 +58,7 @@ from typing import NoReturn
 
 import grpc
 
+from rdma_hca.daemon._proto.dra import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from rdma_hca.daemon.dra.config import DRA_SOCKET, DriverConfig
 from rdma_hca.daemon.dra.kubeletplugin.services import (
     RegistrationService,
@@ -72,6 +82,12 @@ STOP_WAIT = 1.0
 HINT = "use a shorter kubelet root directory (--kubelet-root)"
 FIX = ("stop the other instance, or give each instance its own POD_UID (the pod's "
        "metadata.uid, as the chart sets it for a rolling update)")
+NODE_FIX = ("one driver per node: stop one of them (an instance run by hand beside the "
+            "chart's pod is the one to stop)")
+GETINFO_TIMEOUT = 1.0
+# A socket that has just appeared answers once its server has started: probed again a
+# few times before it is taken for a dead one.
+RIVAL_PROBES = (0.0, 0.05, 0.2, 0.5, 1.0)
 # A pod UID as part of a socket name (as the driver's configuration checks it), and the
 # shape of a Kubernetes UID.
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -130,6 +146,31 @@ def peer_at(path: str) -> Peer | None:
         sock.close()
 
 
+async def plugin_name(path: str, timeout: float = GETINFO_TIMEOUT) -> str | None:
+    """The name GetInfo answers on the registration socket at ``path``; None when it does
+    not answer as a plugin registration does."""
+    channel = grpc.aio.insecure_channel("unix://" + path,
+                                        options=[("grpc.use_local_subchannel_pool", 1)])
+    try:
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+        info = await stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=timeout)
+        return str(info.name)
+    except (grpc.RpcError, OSError):
+        return None
+    finally:
+        await channel.close(None)
+
+
+def _sockets_in(directory: str) -> list[str]:
+    """Paths of the names in ``directory`` that are not hidden (a server binding under a
+    hidden name is not serving yet); empty when it cannot be read."""
+    try:
+        return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+                if not n.startswith(".")]
+    except OSError:
+        return []
+
+
 def _same_file(path: str, ident: tuple[int, int]) -> bool:
     try:
         st = os.lstat(path)
@@ -158,6 +199,8 @@ class KubeletSockets:
         self._tasks: list[asyncio.Task[None]] = []
         self._failing = Latch()
         self._waiting = Latch()  # our registration socket is another's, for now
+        self._rival: tuple[str, Peer] | None = None  # another instance found while running
+        self._checks: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -183,6 +226,13 @@ class KubeletSockets:
             if peer is not None and peer.alive:
                 raise SocketInUse(f"{path} is served by another instance of the DRA driver "
                                   f"{self.config.driver_name} ({peer.who()}): {FIX}")
+        if not self.config.pod_uid:
+            rival = await self.rival()
+            if rival is not None:
+                path, peer = rival
+                raise SocketInUse(f"another instance of the DRA driver "
+                                  f"{self.config.driver_name} already serves this node at "
+                                  f"{path} ({peer.who()}): {NODE_FIX}")
         self.remove_dead()
         await self._serve_dra()
         await self._serve_registration()
@@ -195,7 +245,8 @@ class KubeletSockets:
         ]
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = [*self._tasks, *self._checks], []
+        self._checks.clear()
         # The keeper may have ended by giving way: said already, so its error is not raised.
         await cancel_all(tasks, within=STOP_WAIT, what="the DRA sockets' tasks")
         await self._close()
@@ -246,6 +297,58 @@ class KubeletSockets:
         if self.on_registered is not None:
             self.on_registered()
 
+    # --- another instance of the driver on the node ---------------------------------------
+
+    async def rival(self, paths: list[str] | None = None) -> tuple[str, Peer] | None:
+        """Another live instance of this driver among ``paths`` (default: every socket of
+        both directories): a socket of the plugin directory that answers, or a
+        registration socket whose GetInfo names this driver. Never our own two."""
+        plugin_dir = os.path.dirname(self.endpoint)
+        if paths is None:
+            paths = [*_sockets_in(plugin_dir),
+                     *_sockets_in(os.path.dirname(self.registration_socket))]
+        live: list[tuple[str, Peer]] = []
+        for path in paths:
+            if path in (self.endpoint, self.registration_socket):
+                continue
+            peer = peer_at(path)
+            if peer is None or not peer.alive:
+                continue
+            if os.path.dirname(path) == plugin_dir:
+                return path, peer
+            live.append((path, peer))
+        names = await asyncio.gather(*(plugin_name(p) for p, _ in live))
+        return next((found for found, name in zip(live, names, strict=True)
+                     if name == self.config.driver_name), None)
+
+    def _check_new(self, path: str) -> None:
+        """A name appeared in one of our directories: without a pod UID, look whether it
+        is another instance of this driver (once its server answers)."""
+        if self.config.pod_uid or path in (self.endpoint, self.registration_socket) \
+                or os.path.basename(path).startswith("."):
+            return
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                return  # the checkpoint and its temp files come and go here too
+        except OSError:
+            return
+        task = asyncio.create_task(self._probe(path), name="dra-rival-check")
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _probe(self, path: str) -> None:
+        for delay in RIVAL_PROBES:
+            await asyncio.sleep(delay)
+            peer = peer_at(path)
+            if peer is None:
+                return  # gone, or no socket
+            if peer.alive:
+                rival = await self.rival([path])
+                if rival is not None and self._rival is None:
+                    self._rival = rival
+                    self._wake.set()
+                return
+
     # --- keeping them there -----------------------------------------------------------
 
     async def _watch(self, path: str) -> None:
@@ -254,12 +357,15 @@ class KubeletSockets:
             if event.watching:
                 self.watches += 1
                 self.remove_dead()  # anything may have appeared while not watching
+                for found in _sockets_in(directory):
+                    self._check_new(found)
             if event.watching or event.gone or event.name == name:
                 self._wake.set()
-            elif event.created and event.name is not None and self._ours(directory,
-                                                                         event.name):
-                # Another instance has started: any that are gone leave their sockets.
-                self.remove_dead(skip=os.path.join(directory, event.name))
+            elif event.created and event.name is not None:
+                self._check_new(os.path.join(directory, event.name))
+                if self._ours(directory, event.name):
+                    # Another instance has started: any that are gone leave their sockets.
+                    self.remove_dead(skip=os.path.join(directory, event.name))
 
     async def _keep(self) -> None:
         delay = 0.0
@@ -267,6 +373,13 @@ class KubeletSockets:
         while True:
             await wait_event(self._wake, delay or self.config.socket_check_seconds)
             self._wake.clear()
+            if self._rival is not None:
+                where, other = self._rival
+                await self._give_way(
+                    f"another instance of the DRA driver {self.config.driver_name} started "
+                    f"serving this node at {where} ({other.who()}); this instance, run "
+                    f"without POD_UID, stops serving rather than serve beside it: "
+                    f"{NODE_FIX}")
             dra_gone = self._dra is None or not self._dra.on_disk()
             reg_gone = self._reg is None or not self._reg.on_disk()
             if not (dra_gone or reg_gone):
@@ -275,7 +388,11 @@ class KubeletSockets:
             if dra_gone:
                 peer = peer_at(self.endpoint)
                 if peer is not None and peer.alive:
-                    await self._give_way(self.endpoint, peer)
+                    await self._give_way(
+                        f"{self.endpoint} was replaced by a socket that another instance "
+                        f"of the DRA driver {self.config.driver_name} serves "
+                        f"({peer.who()}); this instance stops serving the DRA driver "
+                        f"rather than take it back: {FIX}")
             reg_taken = False
             if reg_gone:
                 peer = peer_at(self.registration_socket)
@@ -311,11 +428,9 @@ class KubeletSockets:
             backoff.reset()
             delay = 0.0
 
-    async def _give_way(self, path: str, peer: Peer) -> NoReturn:
-        """Another live instance serves our DRA socket's path: stop here, never fight."""
-        why = (f"{path} was replaced by a socket that another instance of the DRA driver "
-               f"{self.config.driver_name} serves ({peer.who()}); this instance stops "
-               f"serving the DRA driver rather than take it back: {FIX}")
+    async def _give_way(self, why: str) -> NoReturn:
+        """Another live instance serves our DRA socket's path, or (without a pod UID) this
+        node: stop here, never fight."""
         log.error("%s", why)
         self.gave_way = why
         self.registered = False

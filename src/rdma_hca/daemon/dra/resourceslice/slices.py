@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict, cast
 
 from rdma_hca.contract.dra import LINK_STATE
-from rdma_hca.daemon.dra.devices import Device
+from rdma_hca.daemon.dra.devices import Device, fit
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
-MAX_ATTRIBUTES_AND_CAPACITIES = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 MAX_NAME = 253
 
 
@@ -111,18 +110,10 @@ def node_owner(node: str, obj: Mapping[str, Any]) -> OwnerReference | None:
 
 
 def fit_device(device: Device) -> Device:
-    """The device with at most 32 attributes and capacities together (the first ones kept:
-    ours are few, but a longer list must not make the whole slice fail)."""
-    attrs = device.get("attributes") or {}
-    capacity = device.get("capacity") or {}
-    if len(attrs) + len(capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES:
-        return device
-    room = MAX_ATTRIBUTES_AND_CAPACITIES - min(len(capacity), MAX_ATTRIBUTES_AND_CAPACITIES)
-    out = device.copy()
-    out["attributes"] = dict(list(attrs.items())[:room])
-    if capacity:
-        out["capacity"] = dict(list(capacity.items())[:MAX_ATTRIBUTES_AND_CAPACITIES - room])
-    return out
+    """The device within the API's 32 attributes and capacities (``devices.fit``): a guard
+    for devices that did not come through ``DeviceOffer``, which fits its own and says
+    what it left out, so that one device never makes the whole slice fail."""
+    return fit(device).device
 
 
 def split(devices: Sequence[Device], *, taints: bool) -> list[list[Device]]:
