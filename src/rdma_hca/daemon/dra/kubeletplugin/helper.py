@@ -43,8 +43,9 @@ from rdma_hca.kit.text import short_repr
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 1.0
-# One claim's Prepare: a cached answer in microseconds, an API read and two file writes in
-# milliseconds, a lock held by another instance or a slow API server in seconds.
+# One claim's Prepare: a cached answer (its locks, no file or API call) well under a
+# millisecond, an API read and two file writes in milliseconds, a lock held by another
+# instance or a slow API server in seconds.
 PREPARE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
 
