@@ -5,7 +5,6 @@ waits recorded."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +73,12 @@ class Claims:
     def entries(self, name: str) -> list[dict[str, Any]]:
         return list(self.api.claim("ns", name)["status"].get("devices") or [])
 
-    def view(self) -> Mapping[str, PreparedClaim]:
-        return self.prepared
-
 
 def writer(client: SliceApi, node: SimNode, claims: Claims, **kw: Any) -> ClaimStatusWriter:
     inventory = discover_node(node.sysfs_root, node.dev_root)
     offer = DeviceOffer.build(inventory.hcas, DRIVER, Mode.SHARED, True, inventory.rdma_cm)
     return ClaimStatusWriter(client, DRIVER, sysfs_root=str(node.sysfs_root),
-                             hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.view,
+                             hca_of=offer.hcas.get, files=OffLoop(5.0), prepared=claims.prepared,
                              **kw)
 
 

@@ -117,7 +117,7 @@ async def test_a_prepare_that_cannot_write_its_checkpoint_leaves_nothing(
             assert ("No space left" if fault == "full" else "Read-only") in error
             assert _specs(s) == [f"{DRIVER}-claim-{kept}.json"]  # no orphan spec
             assert (state / "checkpoint.json").read_text() == before  # no entry
-            assert uid not in s.driver.preparer.prepared
+            assert uid not in s.driver.prepared
             if fault == "read-only":
                 subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
             else:
@@ -136,7 +136,7 @@ async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
         assert s.kubelet is not None and s.driver is not None and await s.registered()
         uids = [api.add_claim("ns", f"c{i}", [_result(f"mlx5-{i}", f"r{i}")]) for i in range(2)]
         first = await s.kubelet.prepare(DRIVER, [("ns", u, f"c{i}") for i, u in enumerate(uids)])
-        prepared = dict(s.driver.preparer.prepared)
+        prepared = dict(s.driver.prepared)
         path = Path(s.driver.config.checkpoint)
         await s.stop_driver()
         if damage == "corrupt":
@@ -146,7 +146,7 @@ async def test_a_damaged_checkpoint_is_rebuilt_from_our_cdi_specs(
         with caplog.at_level(logging.INFO, logger="rdma_hca.daemon.dra.recovery"):
             await s.start_driver()
         assert await s.registered(2)
-        assert dict(s.driver.preparer.prepared) == prepared
+        assert dict(s.driver.prepared) == prepared
         said = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
         assert len(said) == 1 and "rebuilt 2 prepared claim(s)" in said[0]
         if damage == "corrupt":

@@ -20,6 +20,7 @@ from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
+from rdma_hca.daemon.dra.prepared import PreparedClaims
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.kube.cluster import Recorded
@@ -119,7 +120,9 @@ async def test_hooks_see_the_claim_and_a_failing_one_fails_nothing(
     seen: list[tuple[str, tuple[PreparedDevice, ...]]] = []
     gone: list[str] = []
 
-    async def on_prepared(claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
+    async def on_prepared(ref: ClaimRef, devices: tuple[PreparedDevice, ...],
+                          claim: Claim) -> None:
+        assert claim.ref == ref  # the claim as Prepare read it
         seen.append((claim.name, devices))
         raise RuntimeError("status write refused")
 
@@ -192,8 +195,10 @@ async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mod
                         dra=DraConfig(enabled=True, mode=mode))
     config = DriverConfig.from_settings(settings)
     offer = DeviceOffer.build((), config.driver_name, config.mode, False, None)
-    keeper = ClaimPreparer(config, OffLoop(5.0), Checkpoint(config.checkpoint, config.lock_path),
-                           prepared={}, offer=lambda: offer, hooks=ClaimHooks())
+    io = OffLoop(5.0)
+    prepared = PreparedClaims(Checkpoint(config.checkpoint, config.lock_path), io, {},
+                              shared=False)
+    keeper = ClaimPreparer(config, io, prepared, offer=lambda: offer, hooks=ClaimHooks())
     order: list[str] = []
     release = asyncio.Event()
 

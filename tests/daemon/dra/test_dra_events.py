@@ -62,7 +62,8 @@ async def test_a_failed_prepare_warns_the_pod_with_the_reason_and_the_fix(
     assert event["related"]["kind"] == "ResourceClaim"
     assert event["related"]["uid"] == uid
     assert "no longer on this node" in event["note"]
-    assert "To fix: the HCA left this node" in event["note"]
+    assert "To fix: the HCA the claim was given left this node" in event["note"]
+    assert "HcaDeviceGone" in event["note"]
     assert event["reportingInstance"] == NODE
     assert await stage.until(lambda: bool(stage.api.events(kind="ResourceClaim")))
     (on_claim,) = stage.api.events(kind="ResourceClaim")
@@ -106,3 +107,25 @@ async def test_held_event_requests_delay_neither_a_prepare_nor_a_slice_write(
     assert stage.driver.events is not None
     assert not await stage.driver.events.drain(0.01)  # still held: nothing was sent
     assert api.events() == []
+
+
+async def test_each_kind_of_failure_carries_its_own_fix(stage: DraStage) -> None:
+    assert stage.kubelet is not None
+    # Asked for by a UID the claim no longer has: it was deleted and created again.
+    stage.api.add_claim("ml", "again", [_result("mlx5-0")])
+    _reserve(stage.api, "ml", "again", "again-0")
+    resp = await stage.kubelet.prepare(DRIVER, [("ml", "old-uid", "again")])
+    assert "deleted and created again" in resp.claims["old-uid"].error
+    # The API server refuses the read: the driver's RBAC.
+    denied = stage.api.add_claim("ml", "denied", [_result("mlx5-1")])
+    stage.api.fail(403, method="GET", path="/resourceclaims/denied", times=1)
+    resp = await stage.kubelet.prepare(DRIVER, [("ml", denied, "denied")])
+    assert "HTTP 403" in resp.claims[denied].error
+    assert await stage.until(lambda: len(stage.api.events(kind="ResourceClaim")) == 2)
+    notes = {e["regarding"]["name"]: e["note"] for e in stage.api.events(kind="ResourceClaim")}
+    assert notes["again"].endswith("To fix: the claim was re-created; delete the pod so it is "
+                                   "scheduled with the new claim")
+    assert "To fix: the driver may not read the claim: give its service account get on " \
+        "resourceclaims" in notes["denied"]
+    # The Pods of another claim by the same name are not told of this one's failure.
+    assert stage.api.events(kind="Pod") == []

@@ -94,7 +94,7 @@ async def test_the_claims_ready_at_one_moment_cost_one_checkpoint_write(
         dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
-        keeper = s.driver.preparer
+        keeper = s.driver.prepared
         gate = Gate(keeper.checkpoint)
         refs = _claims(api, "c")
         # The first claim's write is held under the file lock; the others pile up behind.
@@ -123,7 +123,7 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
         dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
-        keeper = s.driver.preparer
+        keeper = s.driver.prepared
         gate = Gate(keeper.checkpoint, fail_after_first=True)
         refs = _claims(api, "c")
         call = asyncio.create_task(s.driver.helper.prepare(refs))
@@ -138,7 +138,7 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
                    for e in failed.values())
         assert _specs(s) == sorted(f"{DRIVER}-claim-{u}.json" for u in ok)  # no orphan
         assert _on_disk(s.driver.config.checkpoint) == set(ok)
-        assert set(s.driver.preparer.prepared) == set(ok)
+        assert set(s.driver.prepared) == set(ok)
         # The disk is back: the kubelet's retry prepares them.
         gate.fail_after_first = False
         again = await s.driver.helper.prepare([r for r in refs if r.uid in failed])
@@ -154,14 +154,14 @@ async def test_two_instances_committing_at_once_keep_each_others_entries(
         b = DraDriver(dataclasses.replace(s.config(), pod_uid="pod-b"))
         await b.start(s.watcher.inventory)
         try:
-            gate = Gate(a.preparer.checkpoint)
+            gate = Gate(a.prepared.checkpoint)
             refs_a, refs_b = _claims(api, "a"), _claims(api, "b")
             # A holds the file lock in its first write while B's batch waits for it: B must
             # read A's write under the lock, not what it saw before.
             call_a = asyncio.create_task(a.helper.prepare(refs_a))
             await _until(gate.held.is_set)
             call_b = asyncio.create_task(b.helper.prepare(refs_b))
-            await _until(lambda: b.preparer.commits.batches >= 1)
+            await _until(lambda: b.prepared.commits.batches >= 1)
             gate.release.set()
             ra, rb = await call_a, await call_b
             assert all(r.error == "" for r in [*ra.values(), *rb.values()])

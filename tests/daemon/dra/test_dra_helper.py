@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dra_support import DRIVER, NODE
@@ -50,6 +51,35 @@ async def test_a_claim_refused_at_the_check_takes_no_lock(stage: DraStage) -> No
             stage.kubelet.prepare(DRIVER, [("ns", other, "gpu")]), 10)
     assert "no device of driver" in resp.claims[other].error
     assert stage.driver.stats().prepares == {"ok": 0, "error": 1}
+
+
+async def test_a_call_crosses_the_seam_once_whatever_its_claims_need(
+        stage: DraStage, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert stage.kubelet is not None and stage.driver is not None
+    preparer = stage.driver.preparer
+    known = stage.api.add_claim("ns", "known", [_result("mlx5-0")])
+    assert (await stage.kubelet.prepare(DRIVER, [("ns", known, "known")])).claims[known] \
+        .error == ""
+    fresh = [stage.api.add_claim("ns", f"f{i}", [_result(f"mlx5-{i + 1}")]) for i in range(2)]
+    other = stage.api.add_claim("ns", "gpu", [_result("gpu-0", driver="gpu.example.com")])
+    batches: list[list[str]] = []
+    prepare_claims = preparer.prepare_claims
+
+    async def counted(claims: Any, fetch: Any) -> Any:
+        batches.append(sorted(c.uid for c in claims))
+        return await prepare_claims(claims, fetch)
+
+    monkeypatch.setattr(preparer, "prepare_claims", counted)
+    gets = _claim_gets(stage.api)
+    resp = await stage.kubelet.prepare(DRIVER, [("ns", known, "known"), ("ns", other, "gpu"),
+                                                *(("ns", u, f"f{i}") for i, u in
+                                                  enumerate(fresh))])
+    # One call with every claim that passed the check; the refused one never got there.
+    assert batches == [sorted([known, *fresh])]
+    assert all(resp.claims[u].error == "" for u in [known, *fresh])
+    assert "no device of driver" in resp.claims[other].error
+    assert _claim_gets(stage.api) == gets + 3  # the claim on record is not read
+    assert set(stage.driver.prepared) == {known, *fresh}
 
 
 def test_the_check_says_which_claim_is_not_preparable() -> None:

@@ -439,11 +439,11 @@ async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
                 share_result("hca", "mlx5-0", NODE, bandwidth="100G", share_id=SHARE)])
             resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # to the new one
             assert resp.claims[uid].error == ""
-            assert await s.until(lambda: uid in old.preparer.prepared)
+            assert await s.until(lambda: uid in old.prepared)
             assert old.stats().bandwidth_held["mlx5_0"] == 100 * 10**9
             assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid] \
                 .error == ""
-            assert await s.until(lambda: uid not in old.preparer.prepared)
+            assert await s.until(lambda: uid not in old.prepared)
             assert old.stats().bandwidth_held["mlx5_0"] == 0
         finally:
             await new.stop()

@@ -218,7 +218,7 @@ async def test_a_prepare_that_fails_leaves_no_metadata(meta_stage: DraStage, fai
     uid = s.api.add_claim("ns", "c", [_result("mlx5-0", "a"), _result("mlx5-1", "b")])
     resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])
     assert "cannot write the CDI spec or the checkpoint" in resp.claims[uid].error
-    assert uid not in s.driver.preparer.prepared
+    assert uid not in s.driver.prepared
     if fails == "spec":
         assert os.listdir(_root(s)) == []  # the files it had written are gone again
     else:

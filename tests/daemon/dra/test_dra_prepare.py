@@ -140,7 +140,7 @@ async def test_prepared_claims_survive_a_driver_restart(stage: DraStage) -> None
     resp = await stage.kubelet.unprepare(DRIVER, [("ns", drop, "drop")])
     assert resp.claims[drop].error == ""
     assert _cdi_files(stage) == [f"{DRIVER}-claim-{keep}.json"]
-    assert stage.driver is not None and set(stage.driver.preparer.prepared) == {keep}
+    assert stage.driver is not None and set(stage.driver.prepared) == {keep}
 
 
 async def test_a_lost_cdi_spec_is_written_again(stage: DraStage) -> None:
@@ -172,7 +172,7 @@ async def test_a_claim_for_a_gone_hca_fails_alone(stage: DraStage, dra_node: Sim
     assert not resp.claims[gone].devices
     assert resp.claims[fine].error == ""
     assert not (stage.cdi_dir / f"{DRIVER}-claim-{gone}.json").exists()
-    assert stage.driver is not None and gone not in stage.driver.preparer.prepared
+    assert stage.driver is not None and gone not in stage.driver.prepared
 
 
 async def test_claims_that_cannot_be_prepared_get_their_own_error(stage: DraStage) -> None:

@@ -230,11 +230,11 @@ async def test_a_claim_the_other_instance_unprepared_is_not_answered_from_memory
         new = await _second_instance(s, "pod-new")
         try:
             assert await s.registered(2)
-            seen = old.preparer.foreign_writes
+            seen = old.prepared.foreign_writes
             assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid].error \
                 == ""  # by the new instance
             assert not spec.exists()
-            assert await s.until(lambda: old.preparer.foreign_writes > seen)
+            assert await s.until(lambda: old.prepared.foreign_writes > seen)
         finally:
             await new.stop()
         assert await s.until(lambda: s.kubelet is not None and s.kubelet.events.fallbacks

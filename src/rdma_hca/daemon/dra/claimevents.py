@@ -21,6 +21,7 @@ from typing import Any
 
 from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.daemon.dra.claims import ClaimRef
+from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.eventbody import WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder
 
@@ -30,41 +31,12 @@ STATUS_REFUSED = "ClaimStatusRefused"
 STATUS_ACTION = "WriteResourceClaimStatus"
 KNOWN = 1024  # claims whose Pods are remembered
 
-# What to do, by what the error says (the first that matches); the last one always does.
-_FIXES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("no longer on this node",),
-     "the HCA left this node after the claim was allocated; the node's Events "
-     "(HcaDeviceGone, HcaPortDown) say why. Delete the pod so the scheduler allocates "
-     "another device"),
-    (("cannot be used",),
-     "the HCA is on the node but not usable (its problem is above); fix the HCA, or delete "
-     "the pod so the scheduler allocates another device"),
-    (("was deleted and created again",),
-     "the claim was re-created; delete the pod so it is scheduled with the new claim"),
-    (("allocated from pool", "has no device of driver"),
-     "the claim was not allocated on this node for this driver; delete the pod so the "
-     "scheduler allocates it again"),
-    (("another instance of the driver",),
-     "a rolling update of the driver is under way; the kubelet tries again, nothing to do "
-     "unless it lasts"),
-    (("cannot write the CDI spec",),
-     "the node's CDI directory cannot be written; check the disk and the driver's "
-     "cdi mount, then the kubelet tries again"),
-    (("HTTP 403", "forbidden"),
-     "the driver may not read the claim: give its service account get on "
-     "resourceclaims (the chart does)"),
-    (("API server", "HTTP "),
-     "the driver could not read the claim from the API server; the kubelet tries again. "
-     "If it lasts, check the API server and the driver's log"),
-    ((), "see the log of the RDMA HCA driver on this node"),
-)
-
-
-def prepare_fix(error: str) -> str:
-    for needles, fix in _FIXES:
-        if not needles or any(n in error for n in needles):
-            return fix
-    return _FIXES[-1][1]
+FORBIDDEN = 403
+# What to do about a refused status write: RBAC, or a report.
+STATUS_FORBIDDEN_FIX = ("give the driver's service account patch on resourceclaims/status and "
+                        "(1.36) associated-node:patch on resourceclaims/driver (the chart does)")
+STATUS_REFUSED_FIX = ("the pod runs without it; the driver's log says more, and a report of "
+                      "this error to the driver's maintainers helps")
 
 
 def reserved_pods(claim: Mapping[str, Any], namespace: str) -> tuple[ObjectRef, ...]:
@@ -79,14 +51,17 @@ def reserved_pods(claim: Mapping[str, Any], namespace: str) -> tuple[ObjectRef, 
 
 
 class ClaimEvents:
-    """``prepare_failed(ref, error, claim)`` is the claim keeper's hook: it never waits."""
+    """``prepare_failed(ref, error, fix, claim)`` is the helper's hook: it never waits.
+
+    The fix comes with the error, from the exception raised where the problem was found.
+    """
 
     def __init__(self, recorder: EventRecorder, node: str) -> None:
         self.recorder = recorder
         self.node = node
         self._pods: dict[str, tuple[ObjectRef, ...]] = {}  # claim UID -> its Pods
 
-    def prepare_failed(self, ref: ClaimRef, error: str,
+    def prepare_failed(self, ref: ClaimRef, error: str, fix: str,
                        claim: Mapping[str, Any] | None = None) -> None:
         if claim is not None and (claim.get("metadata") or {}).get("uid") == ref.uid:
             if len(self._pods) >= KNOWN and ref.uid not in self._pods:
@@ -95,20 +70,16 @@ class ClaimEvents:
         pods = self._pods.get(ref.uid, ())
         about = ObjectRef("ResourceClaim", ref.name, ref.namespace, ref.uid, GROUP_VERSION)
         note = (f"claim {ref.namespace}/{ref.name} was not prepared on node {self.node}: "
-                f"{error}. To fix: {prepare_fix(error)}")
+                f"{error}. To fix: {fix}")
         for pod in pods:
             self.recorder.record(EventSpec(pod, PREPARE_FAILED, note, type=WARNING,
                                            action=ACTION, related=about))
         self.recorder.record(EventSpec(about, PREPARE_FAILED, note, type=WARNING,
                                        action=ACTION))
 
-    def status_refused(self, ref: ClaimRef, error: str) -> None:
+    def status_refused(self, ref: ClaimRef, error: KubeError) -> None:
         about = ObjectRef("ResourceClaim", ref.name, ref.namespace, ref.uid, GROUP_VERSION)
-        fix = ("give the driver's service account patch on resourceclaims/status and (1.36) "
-               "associated-node:patch on resourceclaims/driver (the chart does)"
-               if "HTTP 403" in error else
-               "the pod runs without it; the driver's log says more, and a report of this "
-               "error to the driver's maintainers helps")
+        fix = STATUS_FORBIDDEN_FIX if error.status == FORBIDDEN else STATUS_REFUSED_FIX
         note = (f"the status.devices entries of claim {ref.namespace}/{ref.name} on node "
                 f"{self.node} were refused by the API server: {error}. To fix: {fix}")
         self.recorder.record(EventSpec(about, STATUS_REFUSED, note, type=WARNING,

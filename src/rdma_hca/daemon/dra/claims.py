@@ -72,7 +72,16 @@ class Claim:
 
 
 class ClaimError(ValueError):
-    """The claim cannot be prepared here; the message says why."""
+    """The claim cannot be prepared here: the message says why, ``fix`` what to do.
+
+    Raised where the problem is found, by a subclass whose ``fix`` fits it; a plain one is
+    a claim whose allocation this node cannot give now.
+    """
+
+    fix = ("the HCA the claim was given left this node or cannot be used (the node's "
+           "Events, HcaDeviceGone and HcaPortDown, say why), or its allocation does not fit "
+           "this node; fix the HCA, or delete the pod so the scheduler allocates another "
+           "device")
 
 
 def _text(obj: Mapping[str, Any], key: str, where: str) -> str:

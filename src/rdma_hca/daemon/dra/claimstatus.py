@@ -119,8 +119,8 @@ class ClaimStatusWriter:
                  hca_of: Callable[[str], Hca | None], files: OffLoop,
                  ips_of: Callable[[str], Sequence[str]] | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 prepared: Callable[[], Mapping[str, PreparedClaim]] | None = None,
-                 on_refused: Callable[[ClaimRef, str], None] | None = None,
+                 prepared: Mapping[str, PreparedClaim] | None = None,
+                 on_refused: Callable[[ClaimRef, KubeError], None] | None = None,
                  retry_after_max: float = RETRY_AFTER_MAX,
                  max_pending: int = MAX_PENDING, workers: int = WORKERS,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
@@ -129,7 +129,7 @@ class ClaimStatusWriter:
         self.driver = driver
         self.entries = EntryBuilder(driver, sysfs_root=sysfs_root, hca_of=hca_of,
                                     files=files, ips_of=ips_of, now=now)
-        self._prepared = prepared  # the claims prepared now: what a set-aside state comes from
+        self._prepared = prepared  # the claims prepared, live: what a set-aside state comes from
         self._on_refused = on_refused  # a Warning Event on the claim
         self.retry_after_max = retry_after_max
         self.max_pending = max(1, max_pending)
@@ -235,7 +235,7 @@ class ClaimStatusWriter:
         return len(self._pending) + len(self._waiting)
 
     def _make_room(self) -> None:
-        prepared = self._prepared() if self._prepared is not None else {}
+        prepared = self._prepared if self._prepared is not None else {}
         for uid, old in self._pending.items():
             if old.devices is not None and uid in prepared:
                 del self._pending[uid]
@@ -283,7 +283,7 @@ class ClaimStatusWriter:
     def _queue_prepared(self, *, written_too: bool) -> None:
         if self._prepared is None:
             return
-        for uid, c in list(self._prepared().items()):
+        for uid, c in list(self._prepared.items()):
             if uid in self._pending or uid in self._waiting or uid in self._busy \
                     or uid in self._given_up or (uid in self._written and not written_too):
                 continue
@@ -407,7 +407,7 @@ class ClaimStatusWriter:
         self.refused += 1
         intent.refusals += 1
         if self._on_refused is not None:
-            self._on_refused(intent.ref, str(exc))
+            self._on_refused(intent.ref, exc)
         if exc.status == 403 and self._said.first("403"):
             log.warning("the API server refuses the status of %s (%s): grant patch on "
                         "resourceclaims/status and (1.36) associated-node:patch on "

@@ -2,24 +2,24 @@
 
 Composition only, as dranet's ``driver.go``: the helper (``kubeletplugin/``) owns the
 sockets, the services, fetching and serializing claims and publishing the node's slice;
-the driver proper prepares claims into CDI specs and the checkpoint (``prepare.py``,
-``recovery.py``) and offers the node's devices (``offering.py``). Whatever needs the API
-client is built in :meth:`DraDriver.start`, once the client is connected.
+the driver proper prepares claims into CDI specs (``prepare.py``) on the record of the
+prepared claims (``prepared.py``, which owns the checkpoint, recovered by ``recovery.py``
+and followed by ``follow.py``) and offers the node's devices (``offering.py``). Each part
+is handed the parts it uses when it is built; none calls back into this module. Whatever
+needs the API client is built in :meth:`DraDriver.start`, once the client is connected.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice
+from rdma_hca.contract.checkpoint import PreparedClaim
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claimevents import ClaimEvents
-from rdma_hca.daemon.dra.claims import Claim
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.follow import CheckpointFollower
@@ -30,6 +30,7 @@ from rdma_hca.daemon.dra.kubeletplugin.helper import Helper, HelperApi, HelperPa
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
 from rdma_hca.daemon.dra.offering import NodeOffer
 from rdma_hca.daemon.dra.prepare import ClaimPreparer
+from rdma_hca.daemon.dra.prepared import PreparedClaims
 from rdma_hca.daemon.dra.recovery import recover
 from rdma_hca.daemon.dra.resourceslice.publisher import Stats
 from rdma_hca.daemon.offer.nodeevents import CONTROLLER
@@ -80,6 +81,7 @@ class _Running:
 
     api: DriverApi
     checkpoint: Checkpoint
+    prepared: PreparedClaims
     preparer: ClaimPreparer
     helper: Helper
     tasks: list[asyncio.Task[None]]
@@ -122,6 +124,11 @@ class DraDriver:
         return self._started().preparer
 
     @property
+    def prepared(self) -> PreparedClaims:
+        """The claims prepared, the checkpoint and its group commit."""
+        return self._started().prepared
+
+    @property
     def status_writer(self) -> ClaimStatusWriter | None:
         return self._started().status_writer
 
@@ -139,7 +146,7 @@ class DraDriver:
     def stats(self) -> DraStats:
         run = self._running
         publish = run.helper.publisher.stats if run is not None else Stats()
-        prepared: Mapping[str, PreparedClaim] = run.preparer.prepared if run else {}
+        prepared: Mapping[str, PreparedClaim] = run.prepared if run else {}
         api = run.api if run is not None else None
         writer = run.status_writer if run is not None else None
         return DraStats(
@@ -153,7 +160,7 @@ class DraDriver:
             unprepares=dict(run.helper.unprepare_results) if run else {"ok": 0, "error": 0},
             prepare_seconds=(run.helper.prepare_seconds.counts() if run
                              else HistogramCounts()),
-            bandwidth_capacity=self.offering.offer.bandwidth(),
+            bandwidth_capacity=self.offering.offer().bandwidth(),
             bandwidth_held=self.offering.bandwidth_held(prepared),
             # Not connected yet: the series at 0.
             api_requests=(dict(api.tally.requests) if isinstance(api, SliceApi)
@@ -188,7 +195,7 @@ class DraDriver:
                                                     close_client=client.close)
                 own_events.start()
             self._events = events
-            prepared = await recover(self.config, checkpoint, self._files)
+            recovered = await recover(self.config, checkpoint, self._files)
         except BaseException:
             # Nothing is left running of a start that did not finish.
             checkpoint.close()
@@ -199,27 +206,27 @@ class DraDriver:
                 with contextlib.suppress(Exception):
                     await api.close()
             raise
+        prepared = PreparedClaims(checkpoint, self._files, recovered, shared=options.rolling)
         claim_events = (ClaimEvents(events, self.config.node_name) if events is not None
                         else None)
-        status_writer = self._status_writer(api, claim_events)
-        hooks = (ClaimHooks(functools.partial(_prepared_hook, status_writer),
-                            status_writer.on_unprepared)
+        status_writer = self._status_writer(api, claim_events, prepared)
+        hooks = (ClaimHooks(status_writer.on_prepared, status_writer.on_unprepared)
                  if status_writer is not None
                  else ClaimHooks(self._on_prepared, self._on_unprepared))
-        preparer = ClaimPreparer(self.config, self._files, checkpoint, prepared=prepared,
-                                 offer=lambda: self.offering.offer, hooks=hooks)
+        preparer = ClaimPreparer(self.config, self._files, prepared, offer=self.offering.offer,
+                                 hooks=hooks)
         tasks = []
         if options.rolling:
             # Another instance may write the checkpoint: follow its writes.
-            follower = CheckpointFollower(checkpoint, self._files.run, preparer.on_followed,
+            follower = CheckpointFollower(checkpoint, self._files.run, prepared.followed,
                                           backstop=self.config.socket_check_seconds)
             tasks.append(asyncio.create_task(follower.run(), name="dra-checkpoint-watch"))
         helper = Helper(options, HelperParts(
-            plugin=preparer, api=api, records=checkpoint, io=self._files,
-            desired=self.offering.offer, board=self.board,
+            plugin=preparer, prepared=prepared, api=api, records=checkpoint, io=self._files,
+            desired=self.offering.offer(), board=self.board,
             on_prepare_failed=claim_events.prepare_failed if claim_events else None))
-        self._running = _Running(api, checkpoint, preparer, helper, tasks, status_writer,
-                                 own_events)
+        self._running = _Running(api, checkpoint, prepared, preparer, helper, tasks,
+                                 status_writer, own_events)
         if status_writer is not None:
             status_writer.start()  # what the last instance left unwritten
         if inventory is not None:
@@ -237,23 +244,19 @@ class DraDriver:
             # The message names what serve accepts and tried (rdma_hca.kube.credentials).
             raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
 
-    def _status_writer(self, api: DriverApi,
-                       claim_events: ClaimEvents | None) -> ClaimStatusWriter | None:
+    def _status_writer(self, api: DriverApi, claim_events: ClaimEvents | None,
+                       prepared: PreparedClaims) -> ClaimStatusWriter | None:
         """Without hooks of the caller's, prepared claims get their status.devices entries."""
         if self._on_prepared is not None or self._on_unprepared is not None:
             return None
         if not isinstance(api, SliceApi):
             return None
         return ClaimStatusWriter(api, self.config.driver_name,
-                                 sysfs_root=self.config.sysfs_root,
-                                 hca_of=lambda device: self.offering.offer.hcas.get(device),
-                                 files=self._files, prepared=self._prepared,
+                                 sysfs_root=self.config.sysfs_root, hca_of=self.offering.hca,
+                                 files=self._files, prepared=prepared,
                                  on_refused=(claim_events.status_refused
                                              if claim_events is not None else None),
                                  retry_after_max=self.config.status_retry_after_max_seconds)
-
-    def _prepared(self) -> Mapping[str, PreparedClaim]:
-        return self._running.preparer.prepared if self._running is not None else {}
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets; the slice stays (the kubelet wipes it later).
@@ -284,7 +287,3 @@ class DraDriver:
             self._running.helper.publish(offer)
         await self.board.set(offer.health())
 
-
-async def _prepared_hook(writer: ClaimStatusWriter, claim: Claim,
-                         devices: tuple[PreparedDevice, ...]) -> None:
-    await writer.on_prepared(claim.ref, devices, claim)

@@ -5,8 +5,9 @@ newer one: without following the file, the older would keep the prepared set it 
 at start, and so the bandwidth it reports held, the claims whose status it keeps
 written and what its group commit writes when the file cannot be read. Every new
 version of the file is handed on (ours too: a write of ours carries what the other
-instance wrote before it, read under the lock); the callback is told whether another
-instance wrote since the last look, so that it stops trusting what it remembers.
+instance wrote before it, read under the lock) to the prepared claims' owner
+(``prepared.PreparedClaims.followed``), told whether another instance wrote since the
+last look, so that it stops trusting what it remembers.
 
 The file's directory is watched through inotify, with a slow backstop look in case an
 event was lost. Reads run off the loop. A read during which a write of this instance

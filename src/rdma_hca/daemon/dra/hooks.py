@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 1.0
 
-PreparedHook = Callable[[Claim, tuple[PreparedDevice, ...]], Awaitable[None]]
+# The claim as the kubelet named it, what it was given, and the claim as Prepare read it
+# (the status writer's ``on_prepared``).
+PreparedHook = Callable[[ClaimRef, tuple[PreparedDevice, ...], Claim], Awaitable[None]]
 UnpreparedHook = Callable[[ClaimRef], Awaitable[None]]
 
 
@@ -37,7 +39,7 @@ class ClaimHooks:
     def prepared(self, claim: Claim, devices: tuple[PreparedDevice, ...]) -> None:
         hook = self._on_prepared
         if hook is not None:
-            self._run(claim.uid, "on_prepared", lambda: hook(claim, devices))
+            self._run(claim.uid, "on_prepared", lambda: hook(claim.ref, devices, claim))
 
     def unprepared(self, ref: ClaimRef) -> None:
         hook = self._on_unprepared

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class NodeOffer:
-    """``update(inventory)`` builds the new offer; ``offer`` is the current one."""
+    """``update(inventory)`` builds the new offer; ``offer()`` is the current one."""
 
     def __init__(self, config: DriverConfig) -> None:
         self.config = config
@@ -31,9 +31,12 @@ class NodeOffer:
         self._said = Once(limit=1024)
         self._offer = self._build((), None, frozenset())
 
-    @property
     def offer(self) -> DeviceOffer:
         return self._offer
+
+    def hca(self, device: str) -> Hca | None:
+        """The HCA an offered device names now (None: not offered)."""
+        return self._offer.hcas.get(device)
 
     def update(self, inventory: NodeInventory) -> DeviceOffer:
         """Take a new inventory: the HCAs the driver selects, and rdma_cm. Replaced even

@@ -1,11 +1,14 @@
 """Preparing and unpreparing claims: typed claims in, CDI specs and checkpoint out.
 
 The driver proper behind the helper's seam (``kubeletplugin.plugin.DriverPlugin``): the
-helper has fetched and checked each claim and holds its lock. Here in exclusive mode
-each device is under a lock too. Whatever a Prepare writes is undone when it fails: a
-claim is prepared when both its CDI spec and its checkpoint entry are on disk, or
-neither is. During a rolling update the checkpoint is read again under the claim's
-lock, since the other instance may have prepared or unprepared the claim meanwhile.
+helper holds the lock of each claim of a call and hands them over in one batch, each
+as read from the API server or, when on record, as the kubelet named it. Here the fast
+path is decided: a claim prepared and verified answers from memory, one on the record
+(``prepared.PreparedClaims``, which owns what is prepared) from the record, and only a
+claim on no record is planned and written (read first, through the helper's ``fetch``,
+when the helper had no reason to). In exclusive mode each device is under a lock too.
+Whatever a Prepare writes is undone when it fails: a claim is prepared when both its CDI
+spec and its checkpoint entry are on disk, or neither is.
 """
 
 from __future__ import annotations
@@ -19,16 +22,15 @@ from dataclasses import replace
 from typing import Any
 
 from rdma_hca.contract.cdi import cdi_id
-from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 from rdma_hca.contract.dra import BANDWIDTH
 from rdma_hca.daemon.dra import files, metadata
-from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, claim_field
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
-from rdma_hca.daemon.dra.groupcommit import GroupCommit
 from rdma_hca.daemon.dra.hooks import ClaimHooks
-from rdma_hca.daemon.dra.kubeletplugin.plugin import PrepareResult
+from rdma_hca.daemon.dra.kubeletplugin.plugin import FetchClaim, PrepareResult
+from rdma_hca.daemon.dra.prepared import PreparedClaims
 from rdma_hca.daemon.offer.shared import every_usable
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.quantity import QuantityError, parse_quantity
@@ -55,93 +57,58 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
     return bits
 
 
-class ClaimPreparer:
-    """The driver proper: what this instance prepared, and prepare/unprepare."""
+class SpecNotWritten(ClaimError):
+    fix = ("the node's CDI directory or the driver's checkpoint cannot be written; check "
+           "the disk and the driver's cdi mount, then the kubelet tries again")
 
-    def __init__(self, config: DriverConfig, io: OffLoop, checkpoint: Checkpoint, *,
-                 prepared: Claims, offer: Callable[[], DeviceOffer], hooks: ClaimHooks) -> None:
-        """``prepared``: what recovery found at start; ``offer``: the devices offered now
-        (their HCAs, the node-wide device's group, rdma_cm); ``hooks``: told of each claim
-        prepared and unprepared, after the call answered."""
+
+class ClaimPreparer:
+    """The driver proper: prepare and unprepare, on the record of :class:`PreparedClaims`."""
+
+    def __init__(self, config: DriverConfig, io: OffLoop, prepared: PreparedClaims, *,
+                 offer: Callable[[], DeviceOffer], hooks: ClaimHooks) -> None:
+        """``offer``: the devices offered now (their HCAs, the node-wide device's group,
+        rdma_cm); ``hooks``: told of each claim prepared and unprepared, after the call
+        answered."""
         self.config = config
-        self.checkpoint = checkpoint
-        self.prepared: Claims = dict(prepared)
-        self.commits = GroupCommit(checkpoint, io.run, lambda: self.prepared)
+        self.prepared = prepared
         self.hooks = hooks
         self._io = io
         self._offer = offer
-        self._verified: set[str] = set()  # claims whose spec this process wrote or saw
-        self._absent: set[str] = set()  # claims just found on no record, under their lock
         self._device_locks: dict[str, asyncio.Lock] = {}
         self.device_waits = 0  # times an exclusive device was busy with another claim
-        self.foreign_writes = 0  # checkpoint writes by another instance seen
-
-    @property
-    def _rolling(self) -> bool:
-        """Another instance may share the checkpoint (a rolling update is possible)."""
-        return bool(self.config.pod_uid)
-
-    def on_followed(self, claims: Claims | None, foreign: bool) -> None:
-        """A version of the checkpoint (None: unreadable), written by another instance?"""
-        if foreign:
-            # What this instance prepared may have been unprepared by the other one.
-            self.foreign_writes += 1
-            self._verified.clear()
-        if claims is not None:
-            self.prepared = claims
 
     # --- the seam ---------------------------------------------------------------------
 
-    def answered(self, uid: str) -> PrepareResult | None:
-        known = self.prepared.get(uid)
-        if known is not None and uid in self._verified:
-            return PrepareResult(known.devices)
-        return None
+    async def prepare_claims(self, claims: Sequence[Claim | ClaimRef],
+                             fetch: FetchClaim) -> dict[str, PrepareResult]:
+        results = await asyncio.gather(*(self._prepare(c, fetch) for c in claims))
+        return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
-    def recorded(self, uid: str) -> bool:
-        # Beside another instance any claim may be in the shared checkpoint: it is read
-        # again under the claim's lock, and the claim fetched only when it is not there.
-        return self._rolling or uid in self.prepared
-
-    async def prepare(self, claims: Sequence[Claim | ClaimRef]) -> dict[str, PrepareResult]:
-        results = await asyncio.gather(*(self._prepare(c) for c in claims))
-        return {c.uid: r for c, r in zip(claims, results, strict=True) if r is not None}
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         errors = await asyncio.gather(*(self._unprepare(r) for r in claims))
         return {r.uid: e for r, e in zip(claims, errors, strict=True)}
 
     # --- prepare ----------------------------------------------------------------------
 
-    async def _prepare(self, claim: Claim | ClaimRef) -> PrepareResult | None:
+    async def _prepare(self, claim: Claim | ClaimRef, fetch: FetchClaim) -> PrepareResult:
         try:
-            return await self._prepare_one(claim)
+            return await self._prepare_one(claim, fetch)
         except Exception as exc:
-            return PrepareResult(error=str(exc) or type(exc).__name__)
+            return PrepareResult.failed(exc)
 
-    async def _prepare_one(self, claim: Claim | ClaimRef) -> PrepareResult | None:
-        uid = claim.uid
-        known = self.prepared.get(uid)
-        # The helper asks again with the claim it read, under the same lock, right after
-        # this found no record: the checkpoint need not be read a second time.
-        looked_up = isinstance(claim, Claim) and uid in self._absent
-        self._absent.discard(uid)
-        if self._rolling and not looked_up:
-            # The other instance may have prepared (or unprepared) it meanwhile.
-            on_disk, _ = await self._io.run(f"reading the checkpoint {self.config.checkpoint}",
-                                            self.checkpoint.read)
-            known = on_disk.get(uid)
-            if known is None:
-                self.prepared.pop(uid, None)
-            else:
-                self.prepared[uid] = known
+    async def _prepare_one(self, item: Claim | ClaimRef, fetch: FetchClaim) -> PrepareResult:
+        uid = item.uid
+        known = self.prepared.verified(uid)
+        if known is not None:
+            return PrepareResult(known.devices)
+        known = await self.prepared.look_up(uid)
         if known is not None:
             await self._ensure_spec(uid, known)
-            self._verified.add(uid)
+            self.prepared.verify(uid)
             return PrepareResult(known.devices)
-        if not isinstance(claim, Claim):
-            self._absent.add(uid)
-            return None  # its record is gone: the helper reads the claim
+        # On no record: the claim as read, or read now (its record went meanwhile).
+        claim = item if isinstance(item, Claim) else await fetch(item)
         prepared, hcas = self._plan(claim)
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
         spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
@@ -163,15 +130,14 @@ class ClaimPreparer:
                 await self._io.run(f"writing the CDI spec of claim {uid}", write_files)
                 try:
                     # Answered once the entry is durable, in the batch of its moment.
-                    await self.commits.apply(lambda c: c.__setitem__(uid, prepared))
+                    await self.prepared.add(uid, prepared)
                 except BaseException:
                     # Without its checkpoint entry a restart would forget the claim: undo.
                     await self._io.run(f"removing the CDI spec of claim {uid}", undo_files)
                     raise
             except OSError as exc:
-                raise ClaimError(f"cannot write the CDI spec or the checkpoint: {exc}") from exc
-        self.prepared[uid] = prepared
-        self._verified.add(uid)
+                raise SpecNotWritten(f"cannot write the CDI spec or the checkpoint: {exc}") \
+                    from exc
         log.info("claim %s/%s prepared: %s", claim.namespace, claim.name,
                  ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices),
                  extra={"claim": claim_field(claim.ref)})
@@ -282,31 +248,24 @@ class ClaimPreparer:
     async def _unprepare(self, ref: ClaimRef) -> str:
         uid = ref.uid
         driver, spec_dir = self.config.driver_name, self.config.cdi_spec_dir
-        known_here = uid in self.prepared
 
         def remove_files() -> None:
             # Removed even when unknown: a crash may fall between spec and checkpoint.
             files.remove_claim_spec(spec_dir, driver, uid)
             metadata.remove(self.config.plugin_dir, ref.namespace, ref.name, uid)
 
-        def drop(claims: Claims) -> bool:
-            return claims.pop(uid, None) is not None
-
         known = self.prepared.get(uid)
         devices = [d.device for d in known.devices] if known is not None else []
         try:
             async with self._devices_locked(devices):
                 await self._io.run(f"removing the CDI spec of claim {uid}", remove_files)
-                was = (await self.commits.apply(drop)
-                       if known_here or self._rolling else False)
+                was = await self.prepared.remove(uid)
         except Exception as exc:
             log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
                         short_repr(ref.name), short_repr(uid), exc,
                         extra={"claim": claim_field(ref)})
             return f"cannot remove the CDI spec or the checkpoint entry: {exc}"
-        had = self.prepared.pop(uid, None) is not None
-        self._verified.discard(uid)
-        if had or was:
+        if was:
             log.info("claim %s/%s unprepared", ref.namespace, ref.name,
                      extra={"claim": claim_field(ref)})
             self.hooks.unprepared(ref)

@@ -59,7 +59,7 @@ def _published(stage: DraStage, hca: str, up: bool) -> Callable[[], bool]:
         driver = stage.driver
         if driver is None or not driver.tasks or not driver.stats().idle:
             return False
-        offer = driver.offering.offer
+        offer = driver.offering.offer()
         seen = [h for h in offer.hcas.values() if h.name == hca]
         return (bool(seen) and seen[0].any_port_up == up
                 and driver.helper.publisher.published_digest == offer.digest)

@@ -6,5 +6,5 @@ DRAPlugin and health services (``services``, ``health``), fetching and checking 
 claim before serializing (``fetch``), the per-claim and cross-instance serialization
 (``serialize``) and publishing the node's slice (the sibling package ``resourceslice``),
 composed by :class:`helper.Helper`. The driver proper sees one seam,
-``plugin.DriverPlugin``: prepare and unprepare of typed, already-fetched claims.
+``plugin.DriverPlugin``: one prepare and one unprepare per call, of typed claims.
 """

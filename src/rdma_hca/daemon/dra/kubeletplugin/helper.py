@@ -1,13 +1,13 @@
 """The helper: sockets, services, fetching and serialization around the driver proper.
 
 What the upstream kubelet plugin helper's ``Start`` composes. The kubelet's calls come
-in through the services; each claim is fetched from the API server and checked first,
-then handed to the driver (:class:`~rdma_hca.daemon.dra.kubeletplugin.plugin.DriverPlugin`)
-under its lock. A claim this instance prepared and verified answers at once, with no
-lock, file or API call; a claim on the driver's record (after a restart, or written by
-another instance) needs no API read either, as its record says what it was given. Beside
-another instance (a rolling update) any claim may be on the shared record, so there the
-claim is read under its lock, when the record does not have it.
+in through the services; the helper reads and checks the claims the driver's record does
+not hold (a claim on record needs no API read, as its record says what it was given),
+takes the batch's locks and calls the driver once per call
+(:class:`~rdma_hca.daemon.dra.kubeletplugin.plugin.DriverPlugin`, whose docstring tells
+the seam). Beside another instance (a rolling update) any claim may be on the shared
+record, so there the driver reads the claim, through the helper's ``fetch``, under its
+lock, when the record does not have it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from rdma_hca.daemon.dra.claims import Claim, ClaimRef, claim_field
 from rdma_hca.daemon.dra.kubeletplugin.fetch import ClaimReader, check_claim, fetch_claim
 from rdma_hca.daemon.dra.kubeletplugin.health import HealthBoard, add_health_services
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
-from rdma_hca.daemon.dra.kubeletplugin.plugin import DriverPlugin, PrepareResult
+from rdma_hca.daemon.dra.kubeletplugin.plugin import (
+    UNKNOWN_FIX,
+    DriverPlugin,
+    FetchClaim,
+    PreparedView,
+    PrepareResult,
+)
 from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimLocks, RecordLocks
 from rdma_hca.daemon.dra.kubeletplugin.services import add_dra_services
 from rdma_hca.daemon.dra.kubeletplugin.sockets import KubeletSockets, SocketInUse
@@ -37,14 +43,15 @@ from rdma_hca.kit.text import short_repr
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 1.0
-# One claim's Prepare: a cached answer in microseconds, an API read and two file writes in
-# milliseconds, a lock held by another instance or a slow API server in seconds.
+# One claim's Prepare: a cached answer (its locks, no file or API call) well under a
+# millisecond, an API read and two file writes in milliseconds, a lock held by another
+# instance or a slow API server in seconds.
 PREPARE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
 
-# Told of each claim not prepared (the claim, the error, the object when it was read);
-# must not wait.
-PrepareFailed = Callable[[ClaimRef, str, Mapping[str, Any] | None], None]
+# Told of each claim not prepared (the claim, the error, its fix, the object when it was
+# read); must not wait.
+PrepareFailed = Callable[[ClaimRef, str, str, Mapping[str, Any] | None], None]
 
 
 class HelperApi(SliceClient, ClaimReader, Protocol):
@@ -56,6 +63,7 @@ class HelperParts:
     """The helper's collaborators, built before it."""
 
     plugin: DriverPlugin  # the driver proper
+    prepared: PreparedView  # the driver's record, read only
     api: HelperApi
     records: RecordLocks  # the claims' record locks, shared by every instance on the node
     io: OffLoop  # blocking file work, off the loop
@@ -70,6 +78,7 @@ class Helper:
     def __init__(self, options: HelperOptions, parts: HelperParts) -> None:
         self.options = options
         self._plugin = parts.plugin
+        self._prepared = parts.prepared
         self._api = parts.api
         self._on_prepare_failed = parts.on_prepare_failed
         self.board = parts.board
@@ -131,71 +140,103 @@ class Helper:
     # --- prepare ----------------------------------------------------------------------
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Each claim's result by UID; the claims are read and written concurrently."""
+        """Each claim's result by UID: the claims not on the driver's record read and
+        checked, their locks taken, and the driver called once for the batch."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         unique = list({r.uid: r for r in refs}.values())
-        results = await asyncio.gather(*(self._prepare(r) for r in unique))
-        return {r.uid: res for r, res in zip(unique, results, strict=True)}
+        read: dict[str, Claim] = {}  # what was read of each claim, for its Event
+        owned: list[ClaimRef] = []  # reads this call started: shared until it answers
 
-    async def _prepare(self, ref: ClaimRef) -> PrepareResult:
-        started = asyncio.get_running_loop().time()
-        result = await self._prepare_one(ref)
-        self.prepare_seconds.observe(asyncio.get_running_loop().time() - started)
-        self.prepare_results["error" if result.error else "ok"] += 1
-        return result
+        async def fetch(ref: ClaimRef) -> Claim:
+            pending = self._reads.get(ref)
+            if pending is None:
+                pending = self._reads[ref] = asyncio.ensure_future(fetch_claim(self._api, ref))
+                owned.append(ref)
+            # Shielded: one caller given up on does not take the read from the others.
+            claim = read[ref.uid] = await asyncio.shield(pending)
+            check_claim(claim, ref, self.options.driver_name)
+            return claim
 
-    async def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
-        answer = self._plugin.answered(ref.uid)
-        if answer is not None:
-            return answer
-        claim: Claim | None = None
-        owner = False  # this call reads the claim, for the calls that come meanwhile too
         try:
-            if not self._plugin.recorded(ref.uid):
-                read = self._reads.get(ref)
-                if read is None:
-                    read = self._reads[ref] = asyncio.ensure_future(fetch_claim(self._api, ref))
-                    owner = True
-                # Shielded: one caller given up on does not take the read from the others.
-                claim = await asyncio.shield(read)
-                check_claim(claim, ref, self.options.driver_name)
-            async with self.locks.held(ref.uid):
-                result = (await self._plugin.prepare([claim or ref])).get(ref.uid)
-                if result is None:
-                    # Not on the record after all (beside another instance every claim is
-                    # looked up there first): the claim is read now, under its lock.
-                    claim = await fetch_claim(self._api, ref)
-                    check_claim(claim, ref, self.options.driver_name)
-                    result = (await self._plugin.prepare([claim]))[ref.uid]
-        except Exception as exc:
-            result = PrepareResult(error=str(exc) or type(exc).__name__)
+            results = await self._prepare_batch(unique, fetch)
         finally:
-            if owner:
+            # A call that came meanwhile shared the read, then found the claim prepared.
+            for ref in owned:
                 del self._reads[ref]
-        if result.error:
-            log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
-                        short_repr(ref.name), short_repr(ref.uid), result.error,
-                        extra={"claim": claim_field(ref)})
-            if self._on_prepare_failed is not None:
-                self._on_prepare_failed(ref, result.error,
-                                        claim.source if claim is not None else None)
-        return result
+        took = loop.time() - started
+        for ref in unique:
+            result = results[ref.uid]
+            self.prepare_seconds.observe(took)
+            self.prepare_results["error" if result.error else "ok"] += 1
+            if result.error:
+                self._failed(ref, result, read.get(ref.uid))
+        return {r.uid: results[r.uid] for r in unique}
+
+    async def _prepare_batch(self, unique: Sequence[ClaimRef],
+                             fetch: FetchClaim) -> dict[str, PrepareResult]:
+        """Read what the record does not hold, take the locks, call the driver once."""
+
+        async def first(ref: ClaimRef) -> Claim | ClaimRef:
+            return ref if self._prepared.holds(ref.uid) else await fetch(ref)
+
+        results: dict[str, PrepareResult] = {}
+        ready: list[Claim | ClaimRef] = []
+        found = await asyncio.gather(*(first(r) for r in unique), return_exceptions=True)
+        for ref, got in zip(unique, found, strict=True):
+            if isinstance(got, Exception):
+                results[ref.uid] = PrepareResult.failed(got)
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                ready.append(got)
+        if ready:
+            async with self.locks.held_all(c.uid for c in ready) as busy:
+                for uid, exc in busy.items():
+                    results[uid] = PrepareResult.failed(exc)
+                locked = [c for c in ready if c.uid not in busy]
+                if locked:
+                    try:
+                        answers = await self._plugin.prepare_claims(locked, fetch)
+                    except Exception as exc:
+                        answers = {c.uid: PrepareResult.failed(exc) for c in locked}
+                    for c in locked:
+                        results[c.uid] = answers.get(c.uid) or PrepareResult(
+                            error="the driver gave no answer for this claim", fix=UNKNOWN_FIX)
+        return results
+
+    def _failed(self, ref: ClaimRef, result: PrepareResult, claim: Claim | None) -> None:
+        log.warning("claim %s/%s (%s) not prepared: %s", short_repr(ref.namespace),
+                    short_repr(ref.name), short_repr(ref.uid), result.error,
+                    extra={"claim": claim_field(ref)})
+        if self._on_prepare_failed is not None:
+            self._on_prepare_failed(ref, result.error, result.fix,
+                                    claim.source if claim is not None else None)
 
     # --- unprepare --------------------------------------------------------------------
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
-        """Each claim's error by UID ("" when done); concurrently, like ``prepare``."""
+        """Each claim's error by UID ("" when done): their locks taken, and the driver
+        called once for the batch."""
         unique = list({r.uid: r for r in refs}.values())
-        errors = await asyncio.gather(*(self._unprepare(r) for r in unique))
-        for e in errors:
+        errors: dict[str, str] = {}
+        async with self.locks.held_all(r.uid for r in unique) as busy:
+            locked = [r for r in unique if r.uid not in busy]
+            try:
+                answers = await self._plugin.unprepare_claims(locked) if locked else {}
+            except Exception as exc:
+                busy.update({r.uid: exc for r in locked})
+                answers = {}
+            for ref in unique:
+                why = busy.get(ref.uid)
+                if why is not None:
+                    log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
+                                short_repr(ref.name), short_repr(ref.uid), why,
+                                extra={"claim": claim_field(ref)})
+                    errors[ref.uid] = f"cannot remove the CDI spec or the checkpoint entry: {why}"
+                else:
+                    errors[ref.uid] = answers.get(ref.uid, "the driver gave no answer for this "
+                                                           "claim")
+        for e in errors.values():
             self.unprepare_results["error" if e else "ok"] += 1
-        return {r.uid: e for r, e in zip(unique, errors, strict=True)}
-
-    async def _unprepare(self, ref: ClaimRef) -> str:
-        try:
-            async with self.locks.held(ref.uid):
-                return (await self._plugin.unprepare([ref]))[ref.uid]
-        except Exception as exc:
-            log.warning("claim %s/%s (%s) not unprepared: %s", short_repr(ref.namespace),
-                        short_repr(ref.name), short_repr(ref.uid), exc,
-                        extra={"claim": claim_field(ref)})
-            return f"cannot remove the CDI spec or the checkpoint entry: {exc}"
+        return errors

@@ -2,14 +2,16 @@
 
 An asyncio lock per claim in this process, and a record lock in ``claims.lock`` (the
 file every instance on the node shares) against another instance during a rolling
-update. Claims are independent, so nothing here is global.
+update. Claims are independent, so nothing here is global: a call holds the locks of its
+own claims (:meth:`ClaimLocks.held_all`), taken in one order everywhere, so two calls
+sharing claims cannot wait for each other in a circle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 from rdma_hca.daemon.dra.claims import ClaimError
@@ -18,6 +20,11 @@ from rdma_hca.kit.offloop import OffLoop
 
 LOCK_RETRY_FIRST = 0.005
 LOCK_RETRY_MAX = 0.1
+
+
+class ClaimBusy(ClaimError):
+    fix = ("a rolling update of the driver is under way; the kubelet tries again, nothing "
+           "to do unless it lasts")
 
 
 class RecordLocks(Protocol):
@@ -57,6 +64,21 @@ class ClaimLocks:
                 del self._users[uid]
                 del self._locks[uid]
 
+    @contextlib.asynccontextmanager
+    async def held_all(self, uids: Iterable[str]) -> AsyncIterator[dict[str, Exception]]:
+        """The locks of every claim named, taken one by one in UID order. Yields the
+        claims whose lock could not be had (held by another instance past the wait, or
+        the lock file stalled) with why, by UID: those are left alone; the others are
+        held until the block ends."""
+        busy: dict[str, Exception] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            for uid in sorted(set(uids)):
+                try:
+                    await stack.enter_async_context(self.held(uid))
+                except Exception as exc:  # that claim alone fails; its answer says why
+                    busy[uid] = exc
+            yield busy
+
     async def _lock_across_instances(self, uid: str) -> None:
         """The claim's record lock, waited for at most one read deadline.
 
@@ -70,6 +92,6 @@ class ClaimLocks:
                                   lambda: self._records.try_lock_claim(uid)):
             self.lock_waits += 1
             if loop.time() >= deadline:
-                raise ClaimError(f"another instance of the driver has been working on this "
+                raise ClaimBusy(f"another instance of the driver has been working on this "
                                  f"claim for {self._wait:g} s (its lock in {self._lock_path})")
             await asyncio.sleep(backoff.next())
