@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rdma_hca.contract.dra import GROUP_VERSION
+from rdma_hca.contract.hcaconfig import KIND, HcaConfigError
 from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.kube.eventbody import WARNING, EventSpec, ObjectRef
 from rdma_hca.kube.events import EventRecorder
@@ -32,6 +33,7 @@ KNOWN = 1024  # claims whose Pods are remembered
 
 # What to do, by what the error says (the first that matches); the last one always does.
 _FIXES: tuple[tuple[tuple[str, ...], str], ...] = (
+    ((KIND,), HcaConfigError.fix),
     (("no longer on this node",),
      "the HCA left this node after the claim was allocated; the node's Events "
      "(HcaDeviceGone, HcaPortDown) say why. Delete the pod so the scheduler allocates "
