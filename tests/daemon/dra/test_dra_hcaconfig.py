@@ -16,9 +16,12 @@ from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, decode, 
 from rdma_hca.contract.hcaconfig import ConfigEntry, GidFamily, HcaConfig, HcaConfigError
 from rdma_hca.daemon.dra import files
 from rdma_hca.daemon.dra.claims import ClaimError, read_claim
+from rdma_hca.daemon.offer.env import EnvSettings, build
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import NcclEnv
 
 Obj = dict[str, Any]
 
@@ -306,3 +309,27 @@ def test_the_fake_api_server_refuses_config_the_real_one_refuses() -> None:
                 api.add_claim("ns", "c", [_result("mlx5-0")], config=config)
         api.add_claim("ns", "ok", [_result("mlx5-0", "hca/any")],
                       config=[entry(params(), ["hca/any"]), entry(params(), ["hca"])])
+
+
+# --- the env builder, on records discovery read -------------------------------------------
+
+def _roce(tmp_path: Path, *hcas: sim.RoceHca) -> tuple[Any, ...]:
+    node = sim.roce_node(tmp_path / "node", hcas)
+    return discover_node(node.sysfs_root, node.dev_root).hcas
+
+
+def test_a_family_asked_for_at_different_indices_is_left_to_nccl_per_port(
+        tmp_path: Path) -> None:
+    hcas = _roce(tmp_path, sim.RoceHca("mlx5_0", ipv4="10.0.0.11", ipv6="2001:db8::11"),
+                 sim.RoceHca("mlx5_1", ipv4="10.0.1.11", ipv6="2001:db8:1::11",
+                             ipv6_first=True))
+    auto = EnvSettings(nccl=NcclEnv.AUTO)
+    got = build(hcas, auto, HcaConfig(gid_family=GidFamily.IPV6)).as_dict()
+    assert (got["NCCL_IB_ADDR_FAMILY"], got["NCCL_IB_ROCE_VERSION_NUM"]) == ("AF_INET6", "2")
+    assert "NCCL_IB_GID_INDEX" not in got and "UCX_IB_GID_INDEX" not in got
+    # An index asked for replaces the family the daemon chose.
+    got = build(hcas, auto, HcaConfig(gid_index=1)).as_dict()
+    assert got["NCCL_IB_GID_INDEX"] == got["UCX_IB_GID_INDEX"] == "1"
+    assert "NCCL_IB_ADDR_FAMILY" not in got and "NCCL_IB_ROCE_VERSION_NUM" not in got
+    # Nothing asked: exactly the daemon's env.
+    assert build(hcas, auto, HcaConfig()) == build(hcas, auto)
