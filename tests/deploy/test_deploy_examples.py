@@ -171,3 +171,23 @@ def test_the_bandwidth_job_puts_two_shares_under_the_gpus_root() -> None:
     (root,) = [c for c in devices["constraints"]
                if c.get("matchAttribute") == "resource.kubernetes.io/pcieRoot"]
     assert set(root["requests"]) == {gpu, *(r["name"] for r in shares)}
+
+
+def test_the_hcaconfig_example_passes_parameters_the_driver_takes() -> None:
+    from rdma_hca.contract import hcaconfig
+
+    (template,) = _templates("dra-hcaconfig.yaml")
+    devices = template["spec"]["spec"]["devices"]
+    (config,) = devices["config"]
+    assert config["opaque"]["driver"] == "rdma-hca.io" and "requests" not in config
+    asked = hcaconfig.parse(config["opaque"]["parameters"])
+    assert asked == hcaconfig.HcaConfig(gid_family=hcaconfig.GidFamily.IPV4,
+                                        traffic_class=106, management_devices=False)
+    (job,) = [d for d in yaml.safe_load_all((REPO / "examples" / "dra-hcaconfig.yaml")
+                                            .read_text()) if d and d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    (claim,) = pod["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == template["metadata"]["name"]
+    (c,) = pod["containers"]
+    assert c["resources"]["claims"] == [{"name": claim["name"], "request": "hca"}]
+    assert {r["name"] for r in devices["requests"]} == {"hca"}

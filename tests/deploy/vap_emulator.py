@@ -28,6 +28,9 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "Job": ("batch", "v1", "jobs"),
     "CronJob": ("batch", "v1", "cronjobs"),
     "ConfigMap": ("", "v1", "configmaps"),
+    "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+    "DeviceClass": ("resource.k8s.io", "v1", "deviceclasses"),
 }
 
 _ENV = celpy.Environment()

@@ -9,7 +9,9 @@ edited by hand is told from a good one; version 1 (no checksum) is still read. V
 gained the shares of a device (``shares``: each allocation result's shareID and the
 bandwidth it consumed) as an optional key, written only when a device has shares: a
 file without shares is byte for byte what an older driver writes, and an older driver
-reads a file with them (it ignores the key; the checksum covers what it read).
+reads a file with them (it ignores the key; the checksum covers what it read). The
+settings a device's requests asked for (``config``: HcaConfig's fields) are kept the
+same way, so a CDI spec lost in a reboot is written again as it was.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from rdma_hca.contract.hcaconfig import HcaConfig, check_fields
 
 CHECKPOINT_VERSION = 2
 CHECKPOINT_FILE = "checkpoint.json"  # in <kubelet root>/plugins/<driver name>/
@@ -40,6 +44,8 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     # A device two requests of one claim got holds two shares: the bandwidths add up.
     shares: tuple[Share, ...] = ()
+    # What its requests asked for (HcaConfig parameters).
+    config: HcaConfig = field(default_factory=HcaConfig)
 
     @property
     def bandwidth(self) -> int:
@@ -66,6 +72,8 @@ def _device_json(d: PreparedDevice) -> dict[str, object]:
                               "device": d.device, "hca": d.hca, "cdi_ids": list(d.cdi_ids)}
     if d.shares:
         out["shares"] = [{"id": s.share_id, "bandwidth": s.bandwidth} for s in d.shares]
+    if not d.config.empty:
+        out["config"] = d.config.as_fields()
     return out
 
 
@@ -124,11 +132,12 @@ def decode(text: str, path: str) -> tuple[Claims, int]:
             str(uid): PreparedClaim(
                 str(c["namespace"]), str(c["name"]),
                 tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
-                                     d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")))
+                                     d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")),
+                                     check_fields(d.get("config") or {}))
                       for d in c["devices"]))
             for uid, c in body.items()
         }
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise CheckpointError(f"{path} has a malformed claim entry: {exc}") from exc
     return claims, int(version)
 

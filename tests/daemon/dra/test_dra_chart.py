@@ -33,7 +33,9 @@ def test_enabled_objects_are_valid_kubernetes(dra_render: RenderFn) -> None:
         ("ClusterRoleBinding", "ack-rdma-dp-dra"),
         ("DeviceClass", "rdma-hca.io"),
         ("DeviceClass", "rdma-hca.io-extended"),
+        ("ValidatingAdmissionPolicy", "ack-rdma-dp-dra-hcaconfig"),
         ("ValidatingAdmissionPolicy", "ack-rdma-dp-dra-own-node-slices"),
+        ("ValidatingAdmissionPolicyBinding", "ack-rdma-dp-dra-hcaconfig"),
         ("ValidatingAdmissionPolicyBinding", "ack-rdma-dp-dra-own-node-slices"),
     ]
     for obj in objs:
@@ -122,7 +124,7 @@ def _admit(policy: dict[str, Any], operation: str, user: str, node: str | None,
 @pytest.fixture(scope="module")
 def policy(dra_render: RenderFn) -> dict[str, Any]:
     (found,) = [o for o in dra_render(ON) if o["kind"] == "ValidatingAdmissionPolicy"
-                and "dra" in o["metadata"]["name"]]
+                and o["metadata"]["name"].endswith("-dra-own-node-slices")]
     assert found["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == \
         ["resourceslices"]
     return found

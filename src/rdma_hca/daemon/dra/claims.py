@@ -15,6 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.contract.hcaconfig import (
+    KIND,
+    ConfigEntry,
+    HcaConfig,
+    HcaConfigError,
+    merged,
+    read_entries,
+)
 from rdma_hca.daemon.dra.claimrecords import DeviceEntry
 from rdma_hca.daemon.dra.metadata import pod_claim_name
 from rdma_hca.kit.text import short_repr
@@ -59,12 +67,35 @@ class Claim:
     entries: tuple[DeviceEntry, ...] = ()  # status.devices, every driver's
     # The object as read: what an Event about the claim names.
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    config: tuple[ConfigEntry, ...] = ()  # status.allocation.devices.config, every driver's
 
     def of(self, driver: str) -> tuple[AllocatedDevice, ...]:
         return tuple(d for d in self.devices if d.driver == driver)
 
     def entries_of(self, driver: str) -> tuple[DeviceEntry, ...]:
         return tuple(e for e in self.entries if e.driver == driver)
+
+    def hca_config(self, driver: str, request: str) -> HcaConfig:
+        """What ``request`` (as the allocation names it: ``hca/any``) was asked for in
+        ``driver``'s opaque config; ClaimError when the parameters cannot be taken."""
+        try:
+            return merged(self.config, driver, request)
+        except HcaConfigError as exc:
+            raise ClaimConfigError(str(exc)) from exc
+
+    def device_configs(self, driver: str) -> dict[str, HcaConfig]:
+        """What each of ``driver``'s devices was asked for: one CDI device carries one
+        env, so requests that got the same device must agree (ClaimConfigError if not)."""
+        out: dict[str, tuple[str, HcaConfig]] = {}
+        for r in self.of(driver):
+            asked = self.hca_config(driver, r.request)
+            known = out.setdefault(r.device, (r.request, asked))
+            if known[1] != asked:
+                raise ClaimConfigError(
+                    f'requests "{known[0]}" and "{r.request}" got the same device {r.device} '
+                    f"and their {KIND} settings differ ({known[1].as_fields()} and "
+                    f"{asked.as_fields()}): one device gives one setting")
+        return {device: asked for device, (_, asked) in out.items()}
 
     @property
     def ref(self) -> ClaimRef:
@@ -82,6 +113,12 @@ class ClaimError(ValueError):
            "Events, HcaDeviceGone and HcaPortDown, say why), or its allocation does not fit "
            "this node; fix the HCA, or delete the pod so the scheduler allocates another "
            "device")
+
+
+class ClaimConfigError(ClaimError, HcaConfigError):
+    """The claim's parameters for this driver cannot be taken (its fix: :attr:`fix`)."""
+
+    fix = HcaConfigError.fix  # ClaimError's comes first in the MRO otherwise
 
 
 def _text(obj: Mapping[str, Any], key: str, where: str) -> str:
@@ -129,7 +166,8 @@ def read_claim(obj: Mapping[str, Any]) -> Claim:
     return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                  str(meta.get("uid") or ""), tuple(devices), pod_claim_name(obj),
                  bool(allocation), generation if isinstance(generation, int) else None,
-                 tuple(DeviceEntry.from_api(e) for e in _dicts(status.get("devices"))), obj)
+                 tuple(DeviceEntry.from_api(e) for e in _dicts(status.get("devices"))), obj,
+                 read_entries(_dict(allocation.get("devices")).get("config")))
 
 
 def claim_field(ref: ClaimRef) -> str:

@@ -15,11 +15,14 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rdma_hca.contract import cdi
 from rdma_hca.contract.cdi import CDI_CLASS, cdi_device_name, cdi_id, cdi_kind, note
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract.hcaconfig import HcaConfig, HcaConfigError, check_fields
+from rdma_hca.daemon.dra.claims import ClaimConfigError
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 # What the claim holds of each HCA's bandwidth: ``mlx5_0=100000000000,mlx5_3=0`` (bits
 # per second, in RDMA_HCA_DEVICES' order); set only when it holds some (docs/nccl.md).
 RDMA_HCA_BANDWIDTH = "RDMA_HCA_BANDWIDTH"
+NOTHING = HcaConfig()  # nothing asked: the driver's defaults
 
 
 def _spec_prefix(driver: str) -> str:
@@ -42,10 +46,15 @@ def cdi_spec_path(spec_dir: str, driver: str, claim_uid: str) -> str:
 
 
 def claim_env(hcas: Sequence[Hca], env: EnvSettings,
-              claim: PreparedClaim | None = None) -> list[str]:
+              claim: PreparedClaim | None = None, asked: HcaConfig | None = None) -> list[str]:
     """The variables the device plugin's Allocate would set, built from the claim's own
-    HCAs (``daemon/offer/env.py``), and the bandwidth the claim holds of them."""
-    variables = [f"{k}={v}" for k, v in container_env(hcas, env).items()]
+    HCAs (``daemon/offer/env.py``) with what the claim ``asked`` for, and the bandwidth
+    the claim holds of them. A GID the HCAs lack is a ClaimConfigError."""
+    try:
+        built = container_env(hcas, env, asked)
+    except HcaConfigError as exc:
+        raise ClaimConfigError(str(exc)) from exc
+    variables = [f"{k}={v}" for k, v in built.items()]
     held: dict[str, int] = {}
     for d in claim.devices if claim is not None else ():
         held[d.hca] = held.get(d.hca, 0) + d.bandwidth
@@ -55,24 +64,46 @@ def claim_env(hcas: Sequence[Hca], env: EnvSettings,
     return variables
 
 
+def device_nodes(hca: Hca, management: bool | None = None) -> tuple[CharDevice, ...]:
+    """The HCA's device nodes a claim gets: by default what the device plugin gives
+    (uverbs, umad on InfiniBand ports); asked for ``managementDevices``, with (umad and
+    issm of every port) or without (uverbs alone) the management nodes."""
+    if management is None:
+        return hca.device_nodes()
+    nodes = [hca.uverbs] if hca.uverbs is not None else []
+    if management:
+        nodes += [n for p in hca.ports for n in (p.umad, p.issm) if n is not None]
+    return tuple(nodes)
+
+
+def with_config(claim: PreparedClaim, asked: Mapping[str, HcaConfig]) -> PreparedClaim:
+    """``claim`` with what each device's requests asked for (``asked``, by device)."""
+    return replace(claim, devices=tuple(replace(d, config=asked.get(d.device, NOTHING))
+                                        for d in claim.devices))
+
+
 def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
                hcas: Mapping[str, Sequence[Hca]], rdma_cm: CharDevice | None,
-               env: Sequence[str], mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
+               env: Mapping[str, Sequence[str]],
+               mounts: Mapping[str, Sequence[tuple[str, str]]] | None = None
                ) -> dict[str, Any]:
     """The CDI spec of one claim: one CDI device per allocated device, with the device
     nodes of its HCAs (``hcas`` by device: one, or every usable HCA for the node-wide one).
 
-    Every device carries the claim's whole HCA list in its env, so a container gets one
-    consistent value (``env``, from :func:`claim_env`); ``mounts`` (by device) are the
-    device metadata files of its requests.
+    Every device carries the claim's whole HCA list in its env (``env`` by device, from
+    :func:`claim_env`): the same for all of them unless their requests asked for
+    different settings (``PreparedDevice.config``), so a container naming a request gets
+    that request's; ``mounts`` (by device) are the device metadata files of its requests.
     """
     devices = [
         CdiDevice(cdi_device_name(claim_uid, d.device),
-                  [n for h in hcas[d.device] for n in h.device_nodes()], env,
+                  [n for h in hcas[d.device]
+                   for n in device_nodes(h, d.config.management_devices)],
+                  env[d.device],
                   {note(driver, cdi.DEVICE): d.device, note(driver, cdi.POOL): d.pool,
                    note(driver, cdi.HCA): d.hca,
                    note(driver, cdi.REQUESTS): ",".join(d.request_names),
-                   **_share_notes(driver, d)},
+                   **_share_notes(driver, d), **_config_notes(driver, d)},
                   tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
@@ -87,6 +118,25 @@ def _share_notes(driver: str, d: PreparedDevice) -> dict[str, str]:
     if not d.shares:
         return {}
     return {note(driver, cdi.SHARES): ",".join(f"{s.share_id}={s.bandwidth}" for s in d.shares)}
+
+
+def _config_notes(driver: str, d: PreparedDevice) -> dict[str, str]:
+    if d.config.empty:
+        return {}
+    return {note(driver, cdi.CONFIG): json.dumps(d.config.as_fields(), sort_keys=True,
+                                                 separators=(",", ":"))}
+
+
+def _config_of(text: object) -> HcaConfig:
+    """The settings a spec's device notes; a note that cannot be read: none (the spec is
+    written again from a claim that was checked)."""
+    if not isinstance(text, str):
+        return NOTHING
+    try:
+        raw = json.loads(text)
+        return check_fields(raw) if isinstance(raw, dict) else NOTHING
+    except ValueError:
+        return NOTHING
 
 
 def _shares_of(text: object) -> tuple[Share, ...]:
@@ -128,7 +178,8 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
             tuple(requests.split(",")) if requests else (),
             str(dn.get(note(driver, cdi.POOL), "")), device,
             str(dn.get(note(driver, cdi.HCA), "")), (cdi_id(driver, uid, device),),
-            _shares_of(dn.get(note(driver, cdi.SHARES)))))
+            _shares_of(dn.get(note(driver, cdi.SHARES))),
+            _config_of(dn.get(note(driver, cdi.CONFIG)))))
     claim = PreparedClaim(str(notes.get(note(driver, cdi.CLAIM_NAMESPACE), "")),
                           str(notes.get(note(driver, cdi.CLAIM_NAME), "")), tuple(devices))
     return uid, claim

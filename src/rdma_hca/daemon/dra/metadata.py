@@ -172,17 +172,18 @@ def document(version: str, claim: PreparedClaim, uid: str, pod_claim: str | None
 
 
 def plan(setting: DeviceMetadata, driver: str, plugin_dir: str, uid: str,
-         claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]], env: Sequence[str],
-         pod_claim: str | None, groups: Collection[str] = ()) -> Plan:
-    """The files of every request of ``claim`` (``hcas`` by device; ``groups`` names the
-    devices that stand for several HCAs), or nothing when off."""
+         claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]],
+         env: Mapping[str, Sequence[str]], pod_claim: str | None,
+         groups: Collection[str] = ()) -> Plan:
+    """The files of every request of ``claim`` (``hcas`` and ``env`` by device; ``groups``
+    names the devices that stand for several HCAs), or nothing when off."""
     wanted = versions(setting)
     if not wanted:
         return NOTHING
     by_request: dict[str, list[MetadataDevice]] = {}
     for d in claim.devices:
-        attrs = (group_attributes(hcas[d.device], driver, env) if d.device in groups
-                 else device_attributes(hcas[d.device][0], driver, env))
+        attrs = (group_attributes(hcas[d.device], driver, env[d.device]) if d.device in groups
+                 else device_attributes(hcas[d.device][0], driver, env[d.device]))
         entry: MetadataDevice = {"driver": driver, "pool": d.pool, "name": d.device,
                                  "attributes": attrs}
         for request in d.request_names:

@@ -110,6 +110,7 @@ class ClaimPreparer:
         # On no record: the claim as read, or read now (its record went meanwhile).
         claim = item if isinstance(item, Claim) else await fetch(item)
         prepared, hcas = self._plan(claim)
+        prepared = files.with_config(prepared, claim.device_configs(self.config.driver_name))
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
         spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
 
@@ -231,11 +232,13 @@ class ClaimPreparer:
 
     def _files_of(self, uid: str, claim: PreparedClaim, hcas: Mapping[str, Sequence[Hca]],
                   pod_claim: str | None) -> tuple[metadata.Plan, dict[str, Any]]:
-        """A claim's device metadata files and its CDI spec, from one env (the spec's
-        devices set it, and the metadata files repeat it)."""
+        """A claim's device metadata files and its CDI spec, from one env per setting its
+        devices were asked for (the spec's devices set it, the metadata files repeat it)."""
         offer = self._offer()
-        every = {h.name: h for hs in hcas.values() for h in hs}
-        env = files.claim_env(list(every.values()), self.config.env, claim)
+        every = list({h.name: h for hs in hcas.values() for h in hs}.values())
+        by_config = {d.config: files.claim_env(every, self.config.env, claim, d.config)
+                     for d in claim.devices}
+        env = {d.device: by_config[d.config] for d in claim.devices}
         meta = metadata.plan(self.config.device_metadata, self.config.driver_name,
                              self.config.plugin_dir, uid, claim, hcas, env, pod_claim,
                              offer.groups.keys())

@@ -24,6 +24,13 @@ address, beside HCAs that have one) cannot carry the pod's RDMA at all: it is le
 the others, and a note names it. Only while some other port remains: on a node where no
 port has one, nothing would be left, and the GID variables are left unset instead.
 
+A DRA claim's parameters (``HcaConfig``, ``contract/hcaconfig.py``) come last and win:
+the GID asked for (by index, or the RoCE v2 GID of a family on every port) in
+``NCCL_IB_GID_INDEX`` and ``UCX_IB_GID_INDEX``, the traffic class in ``NCCL_IB_TC`` and
+``UCX_IB_TRAFFIC_CLASS``, the InfiniBand service level in ``NCCL_IB_SL`` and
+``UCX_IB_SL``, whatever ``ncclEnv`` says (the claim asked). A GID the HCAs do not have is
+an :class:`HcaConfigError` naming the port.
+
 Pure computation: records and settings in, variables out. docs/nccl.md explains each
 variable and how a pod overrides them.
 """
@@ -34,9 +41,17 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rdma_hca.contract.hcaconfig import (
+    GID_FAMILY,
+    GID_INDEX,
+    KIND,
+    GidFamily,
+    HcaConfig,
+    HcaConfigError,
+)
 from rdma_hca.kit.sayonce import Once
 from rdma_hca.node.model import GidKind, Hca, LinkLayer, Port
-from rdma_hca.node.roce import AddrFamily, family_gid
+from rdma_hca.node.roce import AddrFamily, family_gid, gid_at
 from rdma_hca.settings.model import NcclEnv, Settings
 
 log = logging.getLogger(__name__)
@@ -48,6 +63,14 @@ NCCL_IB_ADDR_FAMILY = "NCCL_IB_ADDR_FAMILY"
 NCCL_IB_ROCE_VERSION_NUM = "NCCL_IB_ROCE_VERSION_NUM"
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 UCX_NET_DEVICES = "UCX_NET_DEVICES"
+UCX_IB_GID_INDEX = "UCX_IB_GID_INDEX"
+NCCL_IB_TC = "NCCL_IB_TC"
+UCX_IB_TRAFFIC_CLASS = "UCX_IB_TRAFFIC_CLASS"
+NCCL_IB_SL = "NCCL_IB_SL"
+UCX_IB_SL = "UCX_IB_SL"
+_GID_VARIABLES = (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ROCE_VERSION_NUM,
+                  UCX_IB_GID_INDEX)
+_FAMILIES = {GidFamily.IPV4: AddrFamily.INET, GidFamily.IPV6: AddrFamily.INET6}
 
 # GIDs that carry an IP address another node can reach.
 _ROUTABLE = (GidKind.IPV4_MAPPED, GidKind.GLOBAL_IPV6)
@@ -118,8 +141,69 @@ def _gid_variables(ports: Sequence[tuple[Hca, Port]],
     return [], [why]
 
 
-def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
-    """The variables a container gets for ``hcas`` (the ones it was allocated)."""
+def _asked_gid(hcas: Sequence[Hca], asked: HcaConfig) -> list[tuple[str, str]]:
+    """The GID variables for the GID a claim asked for, checked against the ports that
+    carry its traffic (those up; all of them when none is)."""
+    ports = _up_ports(hcas) or [(h, p) for h in hcas for p in h.ports]
+    if asked.gid_index is not None:
+        for h, p in ports:
+            if gid_at(p, asked.gid_index) is None:
+                raise HcaConfigError(
+                    f'{KIND} field "{GID_INDEX}": {asked.gid_index} is not accepted here: '
+                    f"{_port_name(h, p)} has no GID at index {asked.gid_index} (its GIDs: "
+                    f"{', '.join(str(g.index) for g in p.gids) or 'none'})")
+        return [(NCCL_IB_GID_INDEX, str(asked.gid_index)),
+                (UCX_IB_GID_INDEX, str(asked.gid_index))]
+    assert asked.gid_family is not None
+    family = _FAMILIES[asked.gid_family]
+    roce = [(h, p) for h, p in ports if p.link_layer is LinkLayer.ETHERNET]
+    if not roce:
+        raise HcaConfigError(
+            f'{KIND} field "{GID_FAMILY}": "{asked.gid_family}" is not accepted here: it '
+            f"chooses a RoCE v2 GID, and {', '.join(h.name for h in hcas)} "
+            "has no RoCE port (InfiniBand needs no GID choice: leave the field out)")
+    indices = set()
+    for h, p in roce:
+        gid = family_gid(p, family)
+        if gid is None:
+            raise HcaConfigError(
+                f'{KIND} field "{GID_FAMILY}": "{asked.gid_family}" is not accepted here: '
+                f"{_port_name(h, p)} has no RoCE v2 GID with an {asked.gid_family} address "
+                "(give its netdev one, or ask for the other family)")
+        indices.add(gid.index)
+    if len(indices) == 1 and len(roce) == len(ports):
+        index = str(indices.pop())
+        return [(NCCL_IB_GID_INDEX, index), (UCX_IB_GID_INDEX, index)]
+    # The GID of the family sits at different indices: NCCL finds it per port itself.
+    return [(NCCL_IB_ADDR_FAMILY, family.value), (NCCL_IB_ROCE_VERSION_NUM, "2")]
+
+
+def _asked(hcas: Sequence[Hca], variables: list[tuple[str, str]],
+           asked: HcaConfig) -> list[tuple[str, str]]:
+    """``variables`` with what a claim asked for in place of the daemon's choice."""
+    own: list[tuple[str, str]] = []
+    if asked.gid_index is not None or asked.gid_family is not None:
+        own += _asked_gid(hcas, asked)
+        variables = [(k, v) for k, v in variables if k not in _GID_VARIABLES]
+    if asked.traffic_class is not None:
+        own += [(NCCL_IB_TC, str(asked.traffic_class)),
+                (UCX_IB_TRAFFIC_CLASS, str(asked.traffic_class))]
+    if asked.service_level is not None:
+        own += [(NCCL_IB_SL, str(asked.service_level)), (UCX_IB_SL, str(asked.service_level))]
+    return variables + own
+
+
+def build(hcas: Sequence[Hca], settings: EnvSettings,
+          asked: HcaConfig | None = None) -> ContainerEnv:
+    """The variables a container gets for ``hcas`` (the ones it was allocated), and what
+    its claim ``asked`` for (HcaConfigError when the HCAs cannot give it)."""
+    env = _build(hcas, settings)
+    if asked is None or asked.empty:
+        return env
+    return ContainerEnv(tuple(_asked(hcas, list(env.variables), asked)), env.notes)
+
+
+def _build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
     names = [h.name for h in hcas]
     variables: list[tuple[str, str]] = [(RDMA_HCA_DEVICES, ",".join(names))]
     notes: list[str] = []
@@ -163,9 +247,10 @@ def build(hcas: Sequence[Hca], settings: EnvSettings) -> ContainerEnv:
 _SAID = Once(limit=1024)
 
 
-def container_env(hcas: Sequence[Hca], settings: EnvSettings) -> dict[str, str]:
+def container_env(hcas: Sequence[Hca], settings: EnvSettings,
+                  asked: HcaConfig | None = None) -> dict[str, str]:
     """:func:`build`, with each note logged once per process."""
-    env = build(hcas, settings)
+    env = build(hcas, settings, asked)
     for note in env.notes:
         if _SAID.first(note):
             log.warning("container env: %s", note)

@@ -203,15 +203,34 @@ class FakeApiServer:
             except Invalid as exc:
                 raise ValueError(str(exc)) from exc
 
-    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]]) -> str:
-        """A ResourceClaim the scheduler has allocated; returns its UID."""
+    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]],
+                  config: list[dict[str, Any]] | None = None,
+                  class_config: list[dict[str, Any]] | None = None) -> str:
+        """A ResourceClaim the scheduler has allocated; returns its UID. ``config``: its
+        ``spec.devices.config``; the allocation copies the class's entries (``class_config``,
+        a DeviceClass's ``spec.config``) and then the claim's, as the scheduler does."""
+        requests: dict[str, dict[str, Any]] = {}
+        for r in results:
+            top, _, sub = r["request"].partition("/")
+            request = requests.setdefault(top, {"name": top})
+            if sub:
+                request.setdefault("firstAvailable", []).append(
+                    {"name": sub, "deviceClassName": "rdma-hca.io"})
+            else:
+                request["exactly"] = {"deviceClassName": "rdma-hca.io"}
+        devices: dict[str, Any] = {"requests": list(requests.values())}
+        allocation: dict[str, Any] = {"results": results}
+        if config:
+            devices["config"] = config
+        copied = [{"source": "FromClass", **c} for c in class_config or []] + \
+            [{"source": "FromClaim", **c} for c in config or []]
+        if copied:
+            allocation["config"] = copied
         claim = self.put("resourceclaims", {
             "apiVersion": DRA, "kind": "ResourceClaim",
             "metadata": {"namespace": namespace, "name": name},
-            "spec": {"devices": {"requests": [
-                {"name": r["request"], "exactly": {"deviceClassName": "rdma-hca.io"}}
-                for r in results]}},
-            "status": {"allocation": {"devices": {"results": results}}},
+            "spec": {"devices": devices},
+            "status": {"allocation": {"devices": allocation}},
         })
         uid: str = claim["metadata"]["uid"]
         return uid

@@ -93,6 +93,11 @@ class Router:
         if resource == "deviceclasses" and name is None and method == "GET":
             self.guard("list", "deviceclasses", "resource.k8s.io", None)
             return 200, store.list_answer("DeviceClassList", self.cluster.device_classes)
+        if resource == "resourceclaimtemplates" and name is None and method == "GET":
+            self.guard("list", "resourceclaimtemplates", "resource.k8s.io", ns)
+            return 200, store.list_answer("ResourceClaimTemplateList", store.select(
+                self.cluster.resource_claim_templates, ns, fields, labels,
+                ("metadata.name", "metadata.namespace")))
         if resource not in ("resourceslices", "resourceclaims") or \
                 (resource == "resourceslices" and ns is not None) or \
                 (resource == "resourceclaims" and ns is None and not (

@@ -20,6 +20,11 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
   default, a ``step`` with min + step at most the value, default and max whole steps
   from min), never both, and a ``default`` with either (validateRequestPolicy*);
 - spec.driver, spec.nodeName and spec.pool.name are immutable (ValidateResourceSliceUpdate);
+- a claim's ``spec.devices.config`` (and the allocation's copy): at most
+  ``DeviceConfigMaxSize = 32`` entries; each names requests of the claim (``req`` or
+  ``req/sub``) at most once; ``opaque.driver`` a driver name and ``opaque.parameters`` a
+  JSON object of at most ``OpaqueParametersMaxLength = 10 KiB``; in the allocation each
+  has a ``source``, FromClass or FromClaim (validateDeviceConfiguration);
 - a claim's status.devices entry names an allocated device (driver, pool, device, shareID)
   once; at most ``AllocatedDeviceStatusMaxConditions = 8`` conditions;
   ``NetworkDeviceDataMaxIPs = 16``, ``NetworkDeviceDataInterfaceNameMaxLength = 256``,
@@ -29,6 +34,7 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Any
 
@@ -49,6 +55,8 @@ MAX_IPS = 16
 MAX_INTERFACE_NAME = 256
 MAX_HARDWARE_ADDRESS = 128
 MAX_VALID_VALUES = 10
+MAX_CONFIGS = 32
+MAX_PARAMETERS = 10 * 1024
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -282,6 +290,52 @@ def _get(obj: dict[str, Any], path: str) -> Any:
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
+
+
+def check_claim_config(claim: dict[str, Any]) -> None:
+    """A claim's config entries and the allocation's copy of them."""
+    devices = _get(claim, "spec.devices") or {}
+    names: set[str] = set()
+    for r in devices.get("requests") or []:
+        names.add(str(r.get("name")))
+        names.update(f"{r.get('name')}/{s.get('name')}" for s in r.get("firstAvailable") or [])
+    for where, entries, allocated in (
+            ("spec.devices.config", devices.get("config"), False),
+            ("status.allocation.devices.config",
+             _get(claim, "status.allocation.devices.config"), True)):
+        _check_configs(where, entries or [], names, allocated)
+
+
+def _check_configs(where: str, entries: list[Any], names: set[str], allocated: bool) -> None:
+    if len(entries) > MAX_CONFIGS:
+        raise Invalid(f"{where}: Too many: {len(entries)}: must have at most {MAX_CONFIGS} "
+                      "items")
+    for i, c in enumerate(entries):
+        at = f"{where}[{i}]"
+        if allocated and c.get("source") not in ("FromClass", "FromClaim"):
+            raise Invalid(f'{at}.source: Unsupported value: {c.get("source")!r}: supported '
+                          'values: "FromClass", "FromClaim"')
+        requests = c.get("requests") or []
+        for j, r in enumerate(requests):
+            if r not in names:
+                raise Invalid(f"{at}.requests[{j}]: Invalid value: {r!r}: must be the name of "
+                              "a request in the claim or the name of a request and a "
+                              "subrequest in the format <request>/<subrequest>")
+            if r in requests[:j]:
+                raise Invalid(f"{at}.requests[{j}]: Duplicate value: {r!r}")
+        opaque = c.get("opaque")
+        if not isinstance(opaque, dict):
+            raise Invalid(f"{at}.opaque: Required value")
+        if not _subdomain(opaque.get("driver"), MAX_DRIVER_NAME):
+            raise Invalid(f"{at}.opaque.driver: Invalid value: {opaque.get('driver')!r}: a "
+                          "lowercase RFC 1123 subdomain is required")
+        parameters = opaque.get("parameters")
+        if not isinstance(parameters, dict):
+            raise Invalid(f"{at}.opaque.parameters: Invalid value: must be a valid JSON "
+                          "object")
+        if len(json.dumps(parameters, separators=(",", ":"))) > MAX_PARAMETERS:
+            raise Invalid(f"{at}.opaque.parameters: Too long: may not be more than "
+                          f"{MAX_PARAMETERS} bytes")
 
 
 def check_claim_status(claim: dict[str, Any], status: dict[str, Any]) -> None:

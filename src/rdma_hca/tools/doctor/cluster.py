@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from rdma_hca.tools.doctor import classes
+from rdma_hca.tools.doctor import classes, hcaparams
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData, ClusterReport, DaemonSetRow, NodeRow
 from rdma_hca.tools.doctor.clusternodes import CHART_DIR, daemonset_row, judge_node
@@ -73,6 +73,10 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
         dra_report = dra.DraReport(
             data.dra.driver, data.dra.available, use and data.dra.slices is not None, because,
             dra.note(data.dra), tuple(dra_rows), stale)
+    if data.params is not None and data.dra is not None:
+        found = hcaparams.check(data.params, data.dra.driver)
+        if found is not None:
+            checks.append(found)
     # Nodes that should run a plugin pod (they have one, or an RDMA label or count) but have
     # no ready one: named on the DaemonSet's line so the first failure says where to look.
     lacking = [n.name for n in rows if n.ok is False and n.pod_ready is not True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rdma_hca.tools.doctor.hcaparams import ParamsData
 from rdma_hca.tools.doctor.result import Check
 from rdma_hca.tools.doctor.slices import DraData, DraReport
 from rdma_hca.tools.doctor.workloads import DaemonSet, Node, Pod
@@ -45,6 +46,7 @@ class ClusterData:
     nodes: Sequence[Node]
     pods: Sequence[Pod]
     dra: DraData | None = None  # None: DRA was not looked at
+    params: ParamsData | None = None  # claims' HcaConfig; None: not looked at
 
 
 @dataclass(frozen=True, slots=True)

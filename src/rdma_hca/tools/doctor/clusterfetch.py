@@ -16,6 +16,7 @@ from rdma_hca.kube.errors import ApiError, KubeError, NotFoundError
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData
 from rdma_hca.tools.doctor.draobjects import DeviceClass, parse_device_class, parse_slice
+from rdma_hca.tools.doctor.hcaparams import ParamsData, refused
 from rdma_hca.tools.doctor.kubeapi import KubeClient
 from rdma_hca.tools.doctor.workloads import Pod, parse_daemonset, parse_node, parse_pod
 
@@ -47,7 +48,30 @@ def fetch(
         pods = [parse_pod(p) for p in _read(
             client, lambda: client.pods(namespace, selector), "list", "pods", "", namespace)]
     dra_data = fetch_dra(client, driver) if driver is not None else None
-    return ClusterData(namespace, name, daemonset, nodes, pods, dra_data)
+    params = (fetch_params(client, dra_data.driver)
+              if dra_data is not None and dra_data.slices is not None else None)
+    return ClusterData(namespace, name, daemonset, nodes, pods, dra_data, params)
+
+
+def fetch_params(client: KubeClient, driver: str) -> ParamsData:
+    """The claims and templates whose parameters for ``driver`` it would refuse; a read
+    that fails is a note, the rest of the report stands."""
+    try:
+        claims = _read(client, client.resource_claims, "list", "resourceclaims", GROUP, None)
+        templates = _read(client, client.resource_claim_templates, "list",
+                          "resourceclaimtemplates", GROUP, None)
+    except AccessError as exc:
+        if not isinstance(exc.__cause__, ApiError) or exc.__cause__.status != 403:
+            raise
+        return ParamsData(error=(
+            f"RBAC denied listing claims ({exc.__cause__}): doctor needs list on "
+            f"resourceclaims.{GROUP} and resourceclaimtemplates.{GROUP}, e.g. kubectl "
+            "create clusterrole rdma-hca-doctor-claims --verb=list --resource=resourceclaims."
+            f"{GROUP},resourceclaimtemplates.{GROUP} && kubectl create clusterrolebinding "
+            "rdma-hca-doctor-claims --clusterrole=rdma-hca-doctor-claims --user=<you>"))
+    except ApiError as exc:
+        return ParamsData(error=str(exc))
+    return ParamsData(refused(claims, templates, driver))
 
 
 def fetch_dra(client: KubeClient, driver: str) -> dra.DraData:

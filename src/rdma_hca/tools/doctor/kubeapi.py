@@ -76,3 +76,11 @@ class KubeClient:
 
     def device_classes(self) -> list[dict[str, Any]]:
         return self._items(f"/apis/{GROUP_VERSION}/deviceclasses")
+
+    def resource_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim, in all namespaces."""
+        return self._items(f"/apis/{GROUP_VERSION}/resourceclaims")
+
+    def resource_claim_templates(self) -> list[dict[str, Any]]:
+        """Every ResourceClaimTemplate, in all namespaces."""
+        return self._items(f"/apis/{GROUP_VERSION}/resourceclaimtemplates")
