@@ -13,6 +13,7 @@ import pytest
 
 from rdma_hca.contract.fabric import (
     FABRIC_BLOCK_LABEL,
+    MAX_NEIGHBOURS_ANNOTATION,
     NEIGHBOURS_ANNOTATION,
     PortNeighbour,
     decode_neighbours,
@@ -314,6 +315,27 @@ async def test_follow_takes_the_broadcasts_values(
         await writer.stop()
     assert api.node(NODE)["metadata"]["labels"][FABRIC_BLOCK_LABEL] == \
         fabric_block(["leaf-1", "leaf-2"])
+
+
+async def test_more_ports_than_the_annotation_holds_are_cut_and_said_once(
+        api: FakeApiServer, running: tuple[NodeFabricWriter, Sleeps],
+        caplog: pytest.LogCaptureFixture) -> None:
+    writer, _ = running
+    many = tuple(PortNeighbour(f"mlx5_{i:03d}", 1, f"eth{i}", "c" * 60, "p" * 60,
+                               system_name=f"leaf-{i}") for i in range(200))
+    with caplog.at_level(logging.WARNING, "rdma_hca.daemon.fabric.nodelabel"):
+        writer.update(many)
+        await written(writer)
+    text = api.node(NODE)["metadata"]["annotations"][NEIGHBOURS_ANNOTATION]
+    kept = decode_neighbours(text)
+    assert len(text) <= MAX_NEIGHBOURS_ANNOTATION and 0 < len(kept) < len(many)
+    assert kept == many[:len(kept)]
+    assert api.node(NODE)["metadata"]["labels"][FABRIC_BLOCK_LABEL] == \
+        fabric_block(n.switch for n in many)
+    assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
+        f"Node {NODE}: 200 ports' neighbours exceed the annotation's "
+        f"{MAX_NEIGHBOURS_ANNOTATION} bytes: the last ones are left out of "
+        f"{NEIGHBOURS_ANNOTATION}"]
 
 
 def test_the_writer_needs_the_node_name(client: ApiClient) -> None:

@@ -48,7 +48,7 @@ from rdma_hca.contract.fabric import (
 from rdma_hca.kit.aio import cancel_all, wait_event
 from rdma_hca.kit.backoff import Backoff, Sleep, jittered
 from rdma_hca.kit.broadcast import Broadcast
-from rdma_hca.kit.sayonce import Latch
+from rdma_hca.kit.sayonce import Latch, Once
 from rdma_hca.kube.client import ApiClient
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import Priority
@@ -143,6 +143,7 @@ class NodeFabricWriter:
         self._next_resync: float | None = None
         self._stats = Stats()
         self._trouble = Latch()
+        self._said = Once()
         self._tasks: list[asyncio.Task[None]] = []
         api.tally.expect(KNOWN_REQUESTS, (rate or api.policy.rate_name,))
 
@@ -195,6 +196,11 @@ class NodeFabricWriter:
         if self._held is None:
             self._held = await self._read()
         want = desired_values(neighbours)
+        if len(want.neighbours) < len(encode_neighbours(neighbours)) \
+                and self._said.first("cut"):
+            log.warning("Node %s: %d ports' neighbours exceed the annotation's %d bytes: "
+                        "the last ones are left out of %s", self.node, len(neighbours),
+                        MAX_NEIGHBOURS_ANNOTATION, NEIGHBOURS_ANNOTATION)
         patch: dict[str, dict[str, str | None]] = {}
         if want.block != self._held.block:
             patch["labels"] = {FABRIC_BLOCK_LABEL: want.block or None}
