@@ -35,7 +35,7 @@ BLOCK_PREFIX = "fb-"
 BLOCK_HASH_CHARS = 10  # 40 bits: no two blocks of one fleet collide in practice
 
 # An annotation value is bounded by the object's 256 KiB of annotations; a node's ports
-# never need more than this, and a longer value is cut to it (doctor says so).
+# never need more than this; past it the last ports are left out (the daemon says so).
 MAX_NEIGHBOURS_ANNOTATION = 16 * 1024
 
 
