@@ -31,6 +31,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "ResourceClaim": ("resource.k8s.io", "v1", "resourceclaims"),
     "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
     "DeviceClass": ("resource.k8s.io", "v1", "deviceclasses"),
+    "Node": ("", "v1", "nodes"),
 }
 
 _ENV = celpy.Environment()
@@ -71,7 +72,8 @@ def _rule_matches(rule: Mapping[str, Any], kind: str, operation: str) -> bool:
     )
 
 
-def _request(obj: Mapping[str, Any], operation: str) -> dict[str, Any]:
+def _request(obj: Mapping[str, Any], operation: str,
+             user: Mapping[str, Any] | None = None) -> dict[str, Any]:
     group, version, resource = KINDS[obj["kind"]]
     meta = obj.get("metadata", {})
     return {
@@ -80,6 +82,7 @@ def _request(obj: Mapping[str, Any], operation: str) -> dict[str, Any]:
         "operation": operation,
         "name": meta.get("name", ""),
         "namespace": meta.get("namespace", "default"),
+        "userInfo": dict(user or {"username": "kubernetes-admin"}),
     }
 
 
@@ -96,11 +99,13 @@ class Outcome:
 
 
 def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
-             operation: str = "CREATE", old: Mapping[str, Any] | None = None) -> list[str] | None:
+             operation: str = "CREATE", old: Mapping[str, Any] | None = None,
+             user: Mapping[str, Any] | None = None) -> list[str] | None:
     """Messages of the policy's failed validations, or None when the policy does not apply.
 
     ``old`` is the stored object an UPDATE replaces (CEL's ``oldObject``), as the API server
-    always has one for an UPDATE and never for a CREATE.
+    always has one for an UPDATE and never for a CREATE. ``user`` is the request's
+    ``userInfo`` (username, extra); by default a cluster administrator.
     """
     if (operation == "UPDATE") != (old is not None):
         raise ValueError("an UPDATE needs the old object, and only an UPDATE has one")
@@ -111,7 +116,7 @@ def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
     activation: dict[str, Any] = {
         "object": json_to_cel(dict(obj)),
         "oldObject": json_to_cel(dict(old)) if old is not None else None,
-        "request": json_to_cel(_request(obj, operation)),
+        "request": json_to_cel(_request(obj, operation, user)),
     }
     # As the API server does: any false condition skips the policy; an error counts only
     # when no condition is false (and then, with failurePolicy Fail, refuses the request).
@@ -142,7 +147,8 @@ def failures(policy: Mapping[str, Any], obj: Mapping[str, Any],
 
 
 def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
-          operation: str = "CREATE", old: Mapping[str, Any] | None = None) -> Outcome:
+          operation: str = "CREATE", old: Mapping[str, Any] | None = None,
+          user: Mapping[str, Any] | None = None) -> Outcome:
     """Run every policy of the rendered chart that a binding enables, as the API server would."""
     objects = list(objects)
     policies = {o["metadata"]["name"]: o for o in objects
@@ -151,7 +157,7 @@ def admit(objects: Iterable[Mapping[str, Any]], obj: Mapping[str, Any],
     for binding in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"):
         spec = binding["spec"]
         assert "matchResources" not in spec and "paramRef" not in spec, "not emulated"
-        messages = failures(policies[spec["policyName"]], obj, operation, old) or []
+        messages = failures(policies[spec["policyName"]], obj, operation, old, user) or []
         if "Deny" in spec["validationActions"]:
             outcome.denied += messages
         if "Warn" in spec["validationActions"]:

@@ -8,6 +8,9 @@ system name, else its chassis ID) and the switch's port; per node, the label
 ports reach, equal on every node cabled to the same leaf switches (one scalable unit of a
 rail-optimized fabric, or one rack under one ToR switch). ``doctor --cluster`` reads the
 annotation of every node to find ports that hear nothing and cables that are crossed.
+
+In the annotation, an entry with an empty ``chassisID`` is a port the daemon listened on
+and heard nothing from (:func:`with_silent`); a port absent from it was not listened on.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ BLOCK_PREFIX = "fb-"
 BLOCK_HASH_CHARS = 10  # 40 bits: no two blocks of one fleet collide in practice
 
 # An annotation value is bounded by the object's 256 KiB of annotations; a node's ports
-# never need more than this, and a longer value is cut to it (doctor says so).
+# never need more than this; past it the last ports are left out (the daemon says so).
 MAX_NEIGHBOURS_ANNOTATION = 16 * 1024
 
 
@@ -56,6 +59,26 @@ class PortNeighbour:
     @property
     def switch_port(self) -> str:
         return self.port_id or self.port_description
+
+    @property
+    def heard(self) -> bool:
+        """False for a port listened on that heard no LLDP (see :func:`with_silent`)."""
+        return bool(self.chassis_id)
+
+
+def with_silent(neighbours: Iterable[PortNeighbour],
+                listened: Iterable[tuple[str, int, str]]) -> tuple[PortNeighbour, ...]:
+    """``neighbours`` and, for every listened port ``(hca, port, netdev)`` none of them is
+    of, an entry with an empty chassis ID: "listened, heard nothing".
+
+    The annotation carries those entries so that ``doctor`` can tell a silent port (link
+    up, LLDP blocked or off on the switch) from a port nobody listened on. A silent entry
+    reaches no switch: it names no fabric block and no DRA attribute. Sorted by HCA and port.
+    """
+    out = {(n.hca, n.port): n for n in neighbours}
+    for hca, port, netdev in listened:
+        out.setdefault((hca, port), PortNeighbour(hca, port, netdev, "", ""))
+    return tuple(out[k] for k in sorted(out))
 
 
 def fabric_block(switches: Iterable[str]) -> str:

@@ -7,7 +7,8 @@ certificate's CN over TLS), and the DRA driver's writes (ResourceSlices created 
 ``generateName``, replaced with ``resourceVersion`` conflicts, deleted; ResourceClaims read
 and their ``/status`` subresource written, replaced or applied server-side per field
 manager (``apply``); Events in ``events.k8s.io/v1`` and core ``v1``, created and
-merge-patched). Slices and claim status are validated as the
+merge-patched; Nodes merge-patched, their labels and annotations validated (``nodes``)).
+Slices and claim status are validated as the
 real server validates them (:mod:`rdma_hca.devkit.kube.validation`). Faults come on demand
 (an error status with ``Retry-After``, a hang, a connection reset), and every request is
 recorded and counted by verb and path, so tests and the bench can assert on the traffic.
@@ -180,6 +181,10 @@ class FakeApiServer:
                 if (reason is None or e.get("reason") == reason)
                 and (kind is None or (e.get("regarding") or {}).get("kind") == kind)
                 and (name is None or (e.get("regarding") or {}).get("name") == name)]
+
+    def node(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self.store.find(self.cluster.nodes, "", name))
 
     def add_node(self, name: str) -> str:
         """A Node object (replacing one of that name: a node re-created); returns its UID."""

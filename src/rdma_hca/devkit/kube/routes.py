@@ -11,6 +11,7 @@ from rdma_hca.devkit.kube.apply import APPLY_PATCH
 from rdma_hca.devkit.kube.cluster import DRA
 from rdma_hca.devkit.kube.errors import HttpError, not_found
 from rdma_hca.devkit.kube.events import EventsApi
+from rdma_hca.devkit.kube.nodes import patch_node
 from rdma_hca.devkit.kube.selectors import SLICE_FIELDS
 from rdma_hca.devkit.kube.store import Store
 
@@ -50,9 +51,16 @@ class Router:
                         raise HttpError(405, "MethodNotAllowed", f"{method} is not allowed")
                     return 200, store.list_answer("NodeList", cluster.nodes)
                 self.guard(verb, "nodes", "", None)
+                node = store.find(cluster.nodes, "", parts[3])
+                if method == "PATCH":
+                    if body is None:
+                        raise HttpError(400, "BadRequest", "a body is required")
+                    new = patch_node(node, body, content_type, store.next_rv)
+                    cluster.nodes[cluster.nodes.index(node)] = new
+                    return 200, copy.deepcopy(new)
                 if method != "GET":
                     raise HttpError(405, "MethodNotAllowed", f"{method} is not allowed")
-                return 200, copy.deepcopy(store.find(cluster.nodes, "", parts[3]))
+                return 200, copy.deepcopy(node)
             if len(parts) == 5 and parts[:3] == ["api", "v1", "namespaces"] \
                     and parts[4] == "pods" and method == "GET":
                 self.guard("list", "pods", "", parts[3])

@@ -1,8 +1,9 @@
 """``rdma-hca doctor``: say what is wrong with RDMA in a cluster or on a node, and how to fix it.
 
-Without ``--node`` it asks the API server about the DaemonSet, its pods, every node's
-``rdma/hca`` count and the DRA driver's ResourceSlices, with any kubeconfig kubectl accepts
-(also as ``kubectl rdma-hca doctor``); with ``--node`` it inspects the local machine (HCAs,
+Without ``--node`` (or with ``--cluster``) it asks the API server about the DaemonSet, its
+pods, every node's ``rdma/hca`` count, the DRA driver's ResourceSlices and the fabric the
+daemons heard by LLDP, with any kubeconfig kubectl accepts (also as ``kubectl rdma-hca
+doctor``); with ``--node`` it inspects the local machine (HCAs,
 device nodes, kubelet sockets, netns mode, IPv6 GIDs, the plugin's readiness).
 
 Exit status: 0 when every check passes, 1 when one fails, 2 when the command cannot run
@@ -42,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     cl = p.add_argument_group("cluster view")
+    cl.add_argument("--cluster", action="store_true",
+                    help="check the cluster (the default without --node): the DaemonSet, "
+                    "every node, the DRA driver's slices and the fabric's cables")
     cl.add_argument(kubeapi.KUBECONFIG_FLAG, dest="kubeconfig",
                     help=f"kubeconfig file (default: {kubeapi.CREDENTIALS.fallbacks()})")
     cl.add_argument(kubeapi.CONTEXT_FLAG, dest="context",
@@ -95,6 +99,9 @@ def run(
     stream = out if out is not None else sys.stdout
     given: Mapping[str, str] | None = getattr(args, "environ", None)
     environ = env if env is not None else given if given is not None else os.environ
+    if args.node and getattr(args, "cluster", False):
+        return _fail(stream, args.json, EXIT_USAGE,
+                     "--cluster and --node ask for two different views: give one of them")
     if args.node:
         # Imported here: the node view needs discovery and config, the cluster view neither.
         from rdma_hca.tools.doctor import node

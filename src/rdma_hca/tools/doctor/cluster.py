@@ -1,5 +1,6 @@
 """The cluster view of ``rdma-hca doctor``: is the plugin installed, running and advertising,
-and do the DRA driver's ResourceSlices match the nodes?
+do the DRA driver's ResourceSlices match the nodes, and are the fabric's cables right
+(``fabric.py``, from what the daemons heard by LLDP)?
 
 Fetching (``clusterfetch.py``: three reads, and one or two for DRA) is kept apart from
 judging (:func:`evaluate`, a pure function of what the API server returned and the current
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from rdma_hca.tools.doctor import classes, hcaparams
+from rdma_hca.tools.doctor import classes, fabric, hcaparams
 from rdma_hca.tools.doctor import slices as dra
 from rdma_hca.tools.doctor.clusterdata import ClusterData, ClusterReport, DaemonSetRow, NodeRow
 from rdma_hca.tools.doctor.clusternodes import CHART_DIR, daemonset_row, judge_node
@@ -81,8 +82,12 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
     # no ready one: named on the DaemonSet's line so the first failure says where to look.
     lacking = [n.name for n in rows if n.ok is False and n.pod_ready is not True]
     checks.insert(0, _daemonset_check(data, row, kns, ds_ref, lacking))
+    published = [f for f in (fabric.read_node(n.name, n.labels, n.annotations)
+                             for n in data.nodes) if f is not None]
+    fabric_report = fabric.evaluate(published)
+    checks.extend(fabric_report.checks)
     return ClusterReport(data.namespace, data.name, resource, row, tuple(rows), tuple(checks),
-                         dra_report)
+                         dra_report, fabric_report)
 
 
 def _class_trap(data: dra.DraData) -> Check | None:

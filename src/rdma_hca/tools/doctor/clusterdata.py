@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rdma_hca.tools.doctor.fabric import FabricReport
 from rdma_hca.tools.doctor.hcaparams import ParamsData
 from rdma_hca.tools.doctor.result import Check
 from rdma_hca.tools.doctor.slices import DraData, DraReport
@@ -58,6 +59,7 @@ class ClusterReport:
     nodes: tuple[NodeRow, ...]
     checks: tuple[Check, ...] = field(default=())
     dra: DraReport | None = None
+    fabric: FabricReport | None = None
 
     @property
     def ok(self) -> bool:

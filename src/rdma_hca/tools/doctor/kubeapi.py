@@ -8,6 +8,7 @@ says what went wrong and how to fix it; callers print it as one line.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -59,6 +60,9 @@ class KubeClient:
 
     def nodes(self) -> list[dict[str, Any]]:
         return self._items("/api/v1/nodes")
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._run(self._api.get(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}"))
 
     def pods(self, namespace: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The pods of ``namespace`` that match a LabelSelector object."""

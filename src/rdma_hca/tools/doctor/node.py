@@ -4,6 +4,8 @@ Run on a node or inside the plugin pod (which mounts the host's /sys, /dev and t
 device-plugins directory). Discovery is the daemon's own, bounded by a read deadline
 (`node.deadline_reader.discover_bounded`), so the doctor sees exactly what the plugin sees and
 ends even when a sysfs file never answers: such files are named in a failed check.
+In the daemon's pod (``NODE_NAME``) it also reads its own Node and shows each RoCE port's
+LLDP neighbour as the daemon published it (``nodefabric.py``).
 
 Exit status: 0 when every check passes, 1 when one fails (a file that did not answer is
 a failed check), 2 on a bad config or when discovery could not run (a resource ran out).
@@ -32,6 +34,8 @@ from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.config import load_settings
 from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.deadline import read_deadline
+from rdma_hca.tools.doctor.kubeapi import DEFAULT_TIMEOUT
+from rdma_hca.tools.doctor.nodefabric import NodeFabric, fabric_checks, read_own_node
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check
 from rdma_hca.tools.doctor.shares import (
@@ -69,6 +73,8 @@ class NodeOptions:
     # This pod's own daemon (POD_UID): asked instead of readyz_url, which on the host
     # network may reach the other instance during a rolling update.
     probe_socket: str | None = None
+    # This node's Node as read from the API server (NODE_NAME set): its ports' neighbours.
+    fabric: NodeFabric | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +116,7 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
                                        or settings.plugins_dir, driver),
         device_plugin=settings.device_plugin_enabled,
         probe_socket=probe,
+        fabric=_own_node(args, environ),
     )
     try:
         report = diagnose(options)
@@ -122,6 +129,17 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
     else:
         out.write(printable_lines(report_text(report)))
     return 0 if report.ok else 1
+
+
+def _own_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodeFabric | None:
+    """This node's Node, read where the doctor runs in the daemon's pod (NODE_NAME)."""
+    name = env.get("NODE_NAME")
+    if not name:
+        return None
+    home = Path(env["HOME"]) if env.get("HOME") else Path("/nonexistent")
+    return read_own_node(name, kubeconfig=getattr(args, "kubeconfig", None),
+                         context=getattr(args, "context", None), env=env, home=home,
+                         timeout=getattr(args, "timeout", DEFAULT_TIMEOUT))
 
 
 def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
@@ -178,6 +196,8 @@ def diagnose(options: NodeOptions) -> NodeReport:
             checks.append(problem)
         elif shares is not None:
             checks.append(shares_check(shares))
+    if options.fabric is not None:
+        checks.extend(fabric_checks(inv.hcas, options.fabric))
     return NodeReport(inv, options, tuple(checks), shares)
 
 

@@ -78,6 +78,13 @@ def cluster_text(report: ClusterReport) -> str:
         ))
     if report.dra is not None and report.dra.note:
         parts.append(f"{mark(None)} {report.dra.note}")
+    if report.fabric is not None and report.fabric.blocks:
+        parts.append(table(
+            ["FABRIC BLOCK", "NODES", "SWITCHES", "OK"],
+            [[b.block, str(len(b.nodes)), ",".join(b.switches) or "<none>", mark(b.ok)]
+             for b in report.fabric.blocks]))
+    if report.fabric is not None and report.fabric.note:
+        parts.append(f"{mark(None)} {report.fabric.note}")
     parts.append(checks_text(report.checks))
     parts.append(summary(report.checks))
     return "\n\n".join(parts) + "\n"
@@ -114,6 +121,7 @@ def cluster_json(report: ClusterReport) -> dict[str, Any]:
         "resource": report.resource,
         "nodes": [camel(n) for n in report.nodes],
         "dra": dra_json(report),
+        "fabric": fabric_json(report),
         "checks": checks_json(report.checks),
         "error": None,
     }
@@ -131,6 +139,19 @@ def dra_json(report: ClusterReport) -> dict[str, Any] | None:
         "note": d.note,
         "nodes": [_slices_json(n) for n in d.nodes],
         "staleSlices": [camel(s) for s in d.stale_slices],
+    }
+
+
+def fabric_json(report: ClusterReport) -> dict[str, Any] | None:
+    f = report.fabric
+    if f is None:
+        return None
+    return {
+        "note": f.note,
+        "blocks": [camel(b) for b in f.blocks],
+        "miscabled": [camel(m) for m in f.miscabled],
+        "silentPorts": [{"node": node, "hca": p.hca, "port": p.port, "netdev": p.netdev}
+                        for node, p in f.silent],
     }
 
 

@@ -9,7 +9,7 @@ reported on, not a crash.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -33,6 +33,7 @@ class Node:
     ready: bool  # its Ready condition is True
     capacity: Mapping[str, str]  # status.capacity, quantities as the server wrote them
     allocatable: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,8 @@ def parse_daemonset(obj: Mapping[str, Any]) -> DaemonSet:
 def parse_node(obj: Mapping[str, Any]) -> Node:
     meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
     return Node(str(meta.get("name", "")), _strings(meta.get("labels")), _ready(status),
-                _strings(status.get("capacity")), _strings(status.get("allocatable")))
+                _strings(status.get("capacity")), _strings(status.get("allocatable")),
+                _strings(meta.get("annotations")))
 
 
 def _problem(status: Mapping[str, Any]) -> str:
