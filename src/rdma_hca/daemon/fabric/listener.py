@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -121,14 +122,17 @@ class LldpListener:
         wanted = tuple((h.name, p.number, n) for h in inventory.hcas for p in h.ports
                        if p.link_layer is LinkLayer.ETHERNET for n in p.netdevs)
         if wanted != self._wanted:
-            names = sorted({n for _, _, n in wanted})
+            # Keyed by path: the stuck-call bookkeeping is shared with the daemon's files.
+            paths = {os.path.join(self.sysfs_root, "class", "net", n): n
+                     for _, _, n in wanted}
             try:
-                lower = await self.files.each(
-                    names, lambda n: bonds.members(self.sysfs_root, n))
+                found = await self.files.each(
+                    paths, lambda path: bonds.members(self.sysfs_root, paths[path]))
             except Stalled as exc:
                 log.warning("LLDP: cannot tell the bonds' members (%s); listening where "
                             "it did until sysfs answers", exc)
                 return
+            lower = {paths[path]: names for path, names in found.items()}
             ports: dict[str, PortKey] = {}
             for hca, port, netdev in wanted:
                 for member in lower[netdev] or (netdev,):
