@@ -205,7 +205,7 @@ class Daemon:
                 "dra-follow", self.health.follow(self.dra.update, seen)))
             if self.lldp is not None:
                 self._tasks.append(self.supervisor.spawn(
-                    "dra-neighbours", _follow_neighbours(self.lldp, self.dra)))
+                    "dra-neighbours", follow_neighbours(self.lldp, self.dra)))
         if self.lldp is not None:
             self._tasks.append(self.supervisor.spawn("lldp", self.lldp.run()))
             self._tasks.append(self.supervisor.spawn(
@@ -306,7 +306,7 @@ class Daemon:
                 self.lifecycle.remove_sockets()
 
 
-async def _follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:
+async def follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:
     """The DRA driver's switch attributes follow the neighbours (from the current ones)."""
     await dra.update_neighbours(lldp.neighbours.value)
     async for neighbours in lldp.neighbours.follow(lldp.neighbours.generation):
