@@ -5,7 +5,10 @@ limit, the parser, the table), and the clock is the test's."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import select
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -47,12 +50,11 @@ async def drain(wires: Wires) -> None:
     """Let the event loop read what the far ends sent."""
     for _ in range(200):
         await asyncio.sleep(0)
-        if not any(_pending(s) for s in wires.near.values()):
+        if not any(_pending(s) for s in wires.near.values() if s.fileno() >= 0):
             return
 
 
-def _pending(sock: object) -> bool:
-    import select
+def _pending(sock: socket.socket) -> bool:
     r, _, _ = select.select([sock], [], [], 0)
     return bool(r)
 
@@ -273,3 +275,46 @@ async def test_run_expires_on_the_clock_and_closes_on_cancel(tmp_path: Path,
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert lis.stats().netdevs == ()
+
+
+class _Failing:
+    """A socket whose reads fail as a packet socket's do once its netdev went away."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv_into(self, *args: object) -> int:
+        raise OSError(errno.ENETDOWN, "Network is down")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_socket_whose_netdev_went_away_is_opened_again(tmp_path: Path) -> None:
+    wires = Wires()
+    first = [True]
+
+    def opener(netdev: str) -> socket.socket:
+        sock = wires(netdev)
+        if first[0]:
+            first[0] = False
+            return _Failing(sock)  # type: ignore[return-value]
+        return sock
+
+    lis = LldpListener(str(tmp_path), hold_seconds=HOLD, files=OffLoop(5.0), opener=opener)
+    try:
+        inv = inventory(hca("mlx5_0", "eth0"))
+        await lis.follow(inv)
+        wires.send("eth0", leaf())
+        await drain(wires)
+        assert lis.stats().netdevs == ()
+        await lis.follow(inv)  # the next inventory (the port's state changed)
+        wires.send("eth0", leaf())
+        await drain(wires)
+        assert lis.stats().netdevs == ("eth0",) and len(lis.neighbours.value) == 1
+    finally:
+        lis.close()
+        wires.close()

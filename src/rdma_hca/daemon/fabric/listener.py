@@ -195,9 +195,14 @@ class LldpListener:
                 size = sock.recv_into(self._buffer, 0, socket.MSG_TRUNC)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # ENETDOWN while the link is down: read on later
+            except OSError as exc:
+                # ENETDOWN: the link went down, or the netdev went away (a driver reload)
+                # and the socket is bound to nothing now. Opened again at the next
+                # inventory (a port's state change is one), on the netdev of that name.
                 if self._said.first(f"read {netdev} {exc.errno}"):
-                    log.info("LLDP: reading %s: %s", netdev, exc.strerror or exc)
+                    log.info("LLDP: reading %s: %s; listening again when the port changes",
+                             netdev, exc.strerror or exc)
+                self._close(netdev)
                 return
             self.receive(netdev, memoryview(self._buffer)[:size], size)
 
