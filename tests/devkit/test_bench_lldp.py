@@ -17,7 +17,7 @@ from rdma_hca.devkit.bench_plan import ordered
 
 @pytest.mark.slow
 async def test_the_flood_figure_has_ours_and_the_bare_reader() -> None:
-    figure = await flood_cpu(0.5)
+    figure = await flood_cpu(0.5, veth=False)
     assert figure.key == LLDP_FLOOD_CPU.key
     assert figure.ours is not None and figure.ours > 0, figure.note
     assert figure.baseline is not None and figure.baseline > 0
