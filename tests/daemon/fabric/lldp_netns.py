@@ -134,5 +134,18 @@ async def scenario(root: Path) -> dict[str, Any]:
     return out
 
 
+async def without_capability(root: Path) -> dict[str, Any]:
+    """Run where raw sockets are refused (a user namespace of no capability): LLDP says
+    it is off, once, and nothing is listened on."""
+    node = build_node(root, [HcaSpec(name="mlx5_0", pci_address="0000:3b:00.0",
+                                     ports=(PortSpec(netdev="lo", gid_table_size=4),))])
+    inventory = await NodeReader(node.sysfs_root, node.dev_root, deadline=5.0).discover()
+    lis = LldpListener(str(node.sysfs_root), hold_seconds=2.0, files=OffLoop(5.0))
+    await lis.follow(inventory)
+    await lis.follow(inventory)
+    return {"off": lis.stats().off, "listening": list(lis.stats().netdevs)}
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(scenario(Path(sys.argv[1])))))
+    run = without_capability if sys.argv[2:] == ["no-capability"] else scenario
+    print(json.dumps(asyncio.run(run(Path(sys.argv[1])))))

@@ -75,3 +75,22 @@ def test_real_ttl_zero_and_expiry_forget_the_neighbour(kernel_run: dict[str, Any
     r = kernel_run
     assert r["ttl0_forgotten"] and r["ttl1_heard"] and r["ttl1_expired"]
     assert r["closed"]
+
+
+def test_without_cap_net_raw_the_kernel_refuses_and_lldp_says_it_is_off(
+        tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed (util-linux)")
+    probe = subprocess.run(["unshare", "--user", "true"], capture_output=True, text=True,
+                           timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"this machine allows no user namespace ({probe.stderr.strip()})")
+    result = subprocess.run(["unshare", "--user", sys.executable, str(SCENARIO),
+                             str(tmp_path / "node"), "no-capability"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["listening"] == []
+    assert "CAP_NET_RAW" in out["off"] and "Operation not permitted" in out["off"]
+    said = [line for line in result.stderr.splitlines() if "CAP_NET_RAW" in line]
+    assert len(said) == 1  # for two inventories: said once
