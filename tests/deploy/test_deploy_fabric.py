@@ -42,6 +42,11 @@ def _without_fabric(objs: list[Obj]) -> dict[tuple[str, str], Obj]:
     for key in [k for k in out if "fabric" in k[1]]:
         del out[key]
     for obj in out.values():
+        if obj["kind"] == "ConfigMap":
+            # The daemon is told to listen: the one line of the config that changes.
+            for name, text in obj["data"].items():
+                assert "fabric:\n  lldp: true\n" in text, name
+                obj["data"][name] = text.replace("fabric:\n  lldp: true\n", "")
         if obj["kind"] != "DaemonSet":
             continue
         pod = obj["spec"]["template"]["spec"]

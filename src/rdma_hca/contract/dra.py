@@ -14,6 +14,8 @@ selects the driver without selecting ``kind`` matches both: see :func:`hca_selec
 
 from __future__ import annotations
 
+from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT
+
 GROUP = "resource.k8s.io"  # the API group of ResourceSlices, ResourceClaims, DeviceClasses
 GROUP_VERSION = f"{GROUP}/v1"
 STANDARD = "resource.kubernetes.io"  # the standard attributes' domain
@@ -43,9 +45,9 @@ NUMA_NODE = f"{STANDARD}/numaNode"
 # naming one without selecting on ``kind`` fails allocation on the node-wide device
 # ("CEL runtime error: no such key"). The node-wide device carries hcaName, linkLayer and
 # rateGbps always, vendor and roceV2IPv6 only where every HCA agrees, and never one HCA's
-# own identity or place (netdev, firmware, GUID, PCI).
+# own identity or place (netdev, firmware, GUID, PCI, the switch it is cabled to).
 HCA_ONLY_ATTRIBUTES = frozenset({NETDEV, VENDOR, FIRMWARE, NODE_GUID, ROCE_V2_IPV6, PCIE_ROOT,
-                                 PCI_BUS_ID, NUMA_NODE})
+                                 PCI_BUS_ID, NUMA_NODE, SWITCH, SWITCH_PORT})
 
 # Consumable capacities.
 BANDWIDTH = "bandwidth"  # per-HCA devices in shared mode: bits per second

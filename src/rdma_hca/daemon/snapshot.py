@@ -15,8 +15,9 @@ from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.fabric.listener import LldpListener
 from rdma_hca.daemon.findings import NodeJudge
-from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+from rdma_hca.daemon.observe.status import DraStatus, LldpStatus, PoolStatus, Status
 from rdma_hca.daemon.offer.nodeevents import stats as event_stats
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
@@ -34,7 +35,8 @@ class StatusSnapshot:
                  allocations: AllocationStats, health: HealthWatcher, reader: MachineReader,
                  files: OffLoop, supervisor: Supervisor, judge: NodeJudge,
                  dra: DraDriver | None, recorder: Callable[[], EventRecorder | None],
-                 health_poll_seconds: float, read_deadline: float) -> None:
+                 health_poll_seconds: float, read_deadline: float,
+                 lldp: LldpListener | None = None) -> None:
         self.runtimes = runtimes
         self.lifecycle = lifecycle
         self.allocations = allocations
@@ -44,6 +46,7 @@ class StatusSnapshot:
         self.supervisor = supervisor
         self.judge = judge
         self.dra = dra
+        self.lldp = lldp
         self.recorder = recorder
         self.started = time.time()
         self.health_stale_after = max(STALE_PASSES * health_poll_seconds,
@@ -59,6 +62,7 @@ class StatusSnapshot:
             hcas=inv.hcas if inv is not None else (),
             gpus=inv.gpus if inv is not None else (),
             events=None if recorder is None else event_stats(recorder),
+            lldp=self._lldp(),
             pools=tuple(
                 PoolStatus(
                     resource=r.resource_name,
@@ -103,3 +107,12 @@ class StatusSnapshot:
                 attributes_dropped=dra.attributes_dropped,
             ),
         )
+
+    def _lldp(self) -> LldpStatus | None:
+        if self.lldp is None:
+            return None
+        s = self.lldp.stats()
+        return LldpStatus(
+            listening=s.off is None, neighbours=s.neighbours,
+            last_frame_age={k: max(0.0, s.now - at) for k, at in s.last_frame.items()},
+            ports=s.ports, frames=s.frames, dropped=s.dropped, holds=s.holds)

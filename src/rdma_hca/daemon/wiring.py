@@ -24,6 +24,7 @@ from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
+from rdma_hca.daemon.fabric.listener import LldpListener
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import Status
@@ -95,6 +96,12 @@ class Daemon:
         # The files the daemon owns (its CDI spec) are written off the loop, within the
         # read deadline: a hung filesystem must not stop the loop either.
         self.files = OffLoop(self.read_deadline)
+        # Each RoCE port's switch from LLDP (fabric.lldp), for both front ends: the DRA
+        # driver's attributes, the Node's label and /metrics follow ``lldp.neighbours``.
+        self.lldp: LldpListener | None = None
+        if settings.fabric.lldp:
+            self.lldp = LldpListener(settings.sysfs_root,
+                                     hold_seconds=settings.flap_hold_seconds, files=self.files)
         self.cdi = CdiFollower(settings.cdi.spec_dir, self.health.inventories,
                                lambda: (h for r in self.runtimes for h in r.view.hcas),
                                self.files, check_seconds=cdi_check_seconds)
@@ -110,7 +117,7 @@ class Daemon:
             supervisor=self.supervisor, judge=self.node_judge, dra=self.dra,
             recorder=lambda: self._recorder,
             health_poll_seconds=settings.health_poll_seconds,
-            read_deadline=self.read_deadline)
+            read_deadline=self.read_deadline, lldp=self.lldp)
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -186,6 +193,8 @@ class Daemon:
             # DRA alone has no device-plugins directory to wait for.
             await self.lifecycle.start()
             self.supervisor.watch(self.lifecycle.tasks)
+        if self.lldp is not None:
+            await self.lldp.follow(inventory)
         # The followers take it from the inventory start has handed them already.
         seen = self.health.inventories.generation
         if self.dra is not None:
@@ -194,6 +203,13 @@ class Daemon:
             self.supervisor.watch(self.dra.tasks)
             self._tasks.append(self.supervisor.spawn(
                 "dra-follow", self.health.follow(self.dra.update, seen)))
+            if self.lldp is not None:
+                self._tasks.append(self.supervisor.spawn(
+                    "dra-neighbours", follow_neighbours(self.lldp, self.dra)))
+        if self.lldp is not None:
+            self._tasks.append(self.supervisor.spawn("lldp", self.lldp.run()))
+            self._tasks.append(self.supervisor.spawn(
+                "lldp-follow", self.health.follow(self.lldp.follow, seen)))
         self._tasks.append(self.supervisor.spawn(
             "node-findings", self.health.follow(self.node_judge.judge, seen)))
         if self.node_events is not None:
@@ -288,3 +304,10 @@ class Daemon:
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
                           "; ".join(describe(t) for t in stuck))
                 self.lifecycle.remove_sockets()
+
+
+async def follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:
+    """The DRA driver's switch attributes follow the neighbours (from the current ones)."""
+    await dra.update_neighbours(lldp.neighbours.value)
+    async for neighbours in lldp.neighbours.follow(lldp.neighbours.generation):
+        await dra.update_neighbours(neighbours)

@@ -9,7 +9,9 @@ One run measures, on simulated trees and against the kubelet emulator:
 4. kubelet restart → registered again;
 5. discovery on large trees (8, 64, 256 HCAs × 2 ports × 256 GIDs), and on 64 and 256
    the event loop's worst lag during /metrics scrapes and rediscoveries (``bench_trees``);
-6. idle memory and CPU of the daemon process against the bare server process.
+6. idle memory and CPU of the daemon process against the bare server process;
+7. hostile clients, the DRA driver (``bench_attacks``, ``dra.bench``), and LLDP: the CPU
+   of a 10,000 frames/s flood and a switch change → ResourceSlice (``bench_lldp``).
 
 The figures go to ``BENCHMARKS.md`` and ``benchmarks.json`` (see ``bench_report``). A
 measurement that fails is reported as missing, with the reason, and the others still run.

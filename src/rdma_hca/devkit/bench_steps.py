@@ -20,6 +20,7 @@ from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.watch.flaps import FLAP_WINDOW_SECONDS
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE
+from rdma_hca.devkit.bench_lldp import LLDP_SPECS, lldp_figures
 from rdma_hca.devkit.bench_plan import (
     ALLOC_P50,
     ALLOC_P99,
@@ -173,6 +174,12 @@ class Bench:
         await self.guarded(ATTACK_SPECS, self.step_attacks)
         self.say("DRA: NodePrepareResources, port down → ResourceSlice tainted")
         await self.guarded(DRA_SPECS, self.step_dra)
+        self.say("LLDP: a 10,000 frames/s flood, switch change → ResourceSlice")
+        await self.guarded(LLDP_SPECS, self.step_lldp)
+
+    async def step_lldp(self) -> None:
+        for figure in await lldp_figures(self.plan is QUICK):
+            self.put(figure)
 
     async def step_dra(self) -> None:
         for figure in await dra_figures(self.plan is QUICK):

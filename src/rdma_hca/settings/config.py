@@ -37,6 +37,7 @@ from rdma_hca.settings.model import (
     CdiConfig,
     ConfigError,
     DraConfig,
+    FabricConfig,
     HttpConfig,
     PoolConfig,
     Settings,
@@ -219,7 +220,7 @@ def _override_warnings(top: Mapping[str, RawValue], entries: Sequence[dict[Any, 
 def _build(merged: Mapping[str, RawValue], config_file: str | None,
            warnings: list[str]) -> Settings:
     kw: dict[str, Any] = {"config_file": config_file}
-    grouped: dict[str, dict[str, Any]] = {"cdi": {}, "dra": {}, "http": {}}
+    grouped: dict[str, dict[str, Any]] = {"cdi": {}, "dra": {}, "http": {}, "fabric": {}}
     for s in SETTINGS:
         if s.key not in merged or s.scope is Scope.POOL or s.kind is Kind.POOLS:
             continue
@@ -235,6 +236,7 @@ def _build(merged: Mapping[str, RawValue], config_file: str | None,
     kw["cdi"] = CdiConfig(**grouped["cdi"])
     kw["dra"] = DraConfig(**grouped["dra"])
     kw["http"] = HttpConfig(**grouped["http"])
+    kw["fabric"] = FabricConfig(**grouped["fabric"])
     kw["warnings"] = tuple(warnings)
     kw["sources"] = {key: v.source for key, v in merged.items()}
     settings = Settings(**kw)

@@ -218,6 +218,10 @@ SETTINGS: tuple[Setting, ...] = (
        "record Kubernetes Events on the Node when an HCA's port goes down or back or its "
        "device nodes go (needs API credentials; the DRA driver records its Events whatever "
        "this says)", attr="events_enabled"),
+    # --- the fabric ----------------------------------------------------------------------
+    _s("fabric.lldp", Kind.BOOL, False,
+       "listen for LLDP on the RoCE ports to learn each port's switch (DRA attributes, "
+       "node label, metrics; docs/fabric.md); needs the CAP_NET_RAW capability"),
     # --- timing ------------------------------------------------------------------------
     _s("healthPollSeconds", Kind.FLOAT, DEFAULT_HEALTH_POLL_SECONDS,
        "how often port state is read from sysfs, seconds", minimum=0.05, maximum=60),

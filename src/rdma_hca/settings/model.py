@@ -203,6 +203,13 @@ class HttpConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FabricConfig:
+    """What the daemon learns of the fabric: off by default (LLDP needs CAP_NET_RAW)."""
+
+    lldp: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``serve`` runs with.
 
@@ -223,6 +230,7 @@ class Settings:
     read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SECONDS
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     http: HttpConfig = field(default_factory=HttpConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     log_format: LogFormat = LogFormat.TEXT
     log_level: LogLevel = LogLevel.INFO
     cdi: CdiConfig = field(default_factory=CdiConfig)

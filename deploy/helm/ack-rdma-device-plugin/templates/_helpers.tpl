@@ -255,6 +255,10 @@ ncclEnv: {{ .Values.ncclEnv | toJson }}
 metricsAddress: {{ ternary (include "rdma.metricsAddress" .) "" .Values.metrics.enabled | quote }}
 logFormat: {{ .Values.logFormat }}
 logLevel: {{ .Values.logLevel }}
+{{- if (.Values.fabric | default dict).lldp }}
+fabric:
+  lldp: {{ .Values.fabric.lldp }}
+{{- end }}
 cdi:
   enabled: {{ .Values.cdi.enabled }}
   specDir: {{ .Values.cdi.specDir | quote }}

@@ -78,7 +78,7 @@ from rdma_hca.contract.dra import (
     STANDARD,
     VENDOR,
 )
-from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT
+from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT, PortNeighbour
 from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
 from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
@@ -94,6 +94,7 @@ NEVER_LEFT_OUT = frozenset({KIND, HCA_NAME, LINK_STATE, PCIE_ROOT, PCI_BUS_ID, N
 # selectors name the most down to what is there to read. Names not listed go first.
 KEEP_ORDER = (BANDWIDTH, SLOTS, SWITCH, SWITCH_PORT, HCA_COUNT, RATE_GBPS, LINK_LAYER,
               ROCE_V2_IPV6, NETDEV, VENDOR, NODE_GUID, FIRMWARE)
+MAX_STRING_VALUE = 64  # characters of a string attribute (DeviceAttributeMaxValueLength)
 # As many pods at once as the device plugin's shared slots (its `1k`).
 NODE_SLOTS = DEFAULT_RDMA_HCA_MAX
 
@@ -245,7 +246,9 @@ def _roce_v2_ipv6(hca: Hca) -> bool:
     return any(g.is_roce_v2 and g.kind.value == "global-ipv6" for p in hca.ports for g in p.gids)
 
 
-def attributes(hca: Hca, driver: str, held: Collection[str] = ()) -> Attributes:
+def attributes(hca: Hca, driver: str, held: Collection[str] = (),
+               neighbour: PortNeighbour | None = None) -> Attributes:
+    """``neighbour``: what LLDP says its first port is cabled to (fabric.lldp)."""
     put = _Attrs()
     put.text(PCIE_ROOT, hca.pcie_root)
     put.text(PCI_BUS_ID, hca.pci_bus_id)
@@ -261,12 +264,17 @@ def attributes(hca: Hca, driver: str, held: Collection[str] = ()) -> Attributes:
     put.text(f"{driver}/{NODE_GUID}", hca.node_guid)
     put.flag(f"{driver}/{ROCE_V2_IPV6}", _roce_v2_ipv6(hca))
     put.text(f"{driver}/{LINK_STATE}", link_state(hca, held))
+    if neighbour is not None:
+        # A longer value would have the API server refuse the whole slice.
+        put.text(f"{driver}/{SWITCH}", neighbour.switch[:MAX_STRING_VALUE])
+        put.text(f"{driver}/{SWITCH_PORT}", neighbour.switch_port[:MAX_STRING_VALUE])
     return put.out
 
 
 def device(hca: Hca, name: str, driver: str, mode: Mode, taints: bool,
-           held: Collection[str] = (), default_bandwidth: int = 0) -> Device:
-    entry: Device = {"name": name, "attributes": attributes(hca, driver, held)}
+           held: Collection[str] = (), default_bandwidth: int = 0,
+           neighbour: PortNeighbour | None = None) -> Device:
+    entry: Device = {"name": name, "attributes": attributes(hca, driver, held, neighbour)}
     if mode is Mode.SHARED:
         entry["allowMultipleAllocations"] = True
         # Exclusive devices publish none: a request policy needs allowMultipleAllocations,
@@ -394,14 +402,18 @@ class DeviceOffer:
     @classmethod
     def build(cls, hcas: Sequence[Hca], driver: str, mode: Mode, taints: bool,
               rdma_cm: CharDevice | None, held: frozenset[str] = frozenset(), *,
-              node_device_on: bool = True, default_bandwidth: int = 0) -> DeviceOffer:
+              node_device_on: bool = True, default_bandwidth: int = 0,
+              neighbours: Mapping[str, PortNeighbour] | None = None) -> DeviceOffer:
         """``node_device_on`` is ``dra.nodeDevice``, ``default_bandwidth`` is
-        ``dra.defaultBandwidth`` in bits per second."""
+        ``dra.defaultBandwidth`` in bits per second, ``neighbours`` each HCA's switch
+        (by HCA name)."""
+        heard = neighbours or {}
         # Exclusive mode keeps one HCA per unit: a device every pod shares has no place.
         node_wide = node_device_on and mode is Mode.SHARED and bool(hcas)
         names = hca_device_names((h.name for h in hcas), node_device=node_wide)
         by_device = {names[h.name]: h for h in sorted(hcas, key=lambda h: names[h.name])}
-        devices = [device(h, n, driver, mode, taints, held, default_bandwidth)
+        devices = [device(h, n, driver, mode, taints, held, default_bandwidth,
+                          heard.get(h.name))
                    for n, h in by_device.items()]
         groups: dict[str, tuple[Hca, ...]] = {}
         if node_wide:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rdma_hca.contract.checkpoint import PreparedClaim
+from rdma_hca.contract.fabric import PortNeighbour
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 from rdma_hca.daemon.dra.claimevents import ClaimEvents
 from rdma_hca.daemon.dra.claimstatus import ClaimStatusWriter
@@ -287,3 +288,9 @@ class DraDriver:
             self._running.helper.publish(offer)
         await self.board.set(offer.health())
 
+    async def update_neighbours(self, neighbours: tuple[PortNeighbour, ...]) -> None:
+        """Take the ports' LLDP neighbours (each HCA's switch attributes): the slice is
+        written when they change what it says."""
+        offer = self.offering.update_neighbours(neighbours)
+        if self._running is not None:
+            self._running.helper.publish(offer)

@@ -7,10 +7,11 @@ is handed each new one (the desired devices).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from rdma_hca.contract.checkpoint import PreparedClaim
 from rdma_hca.contract.dra import NODE_DEVICE
+from rdma_hca.contract.fabric import PortNeighbour
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import MAX_ATTRIBUTES_AND_CAPACITIES, DeviceOffer
 from rdma_hca.kit.sayonce import Once
@@ -20,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeOffer:
-    """``update(inventory)`` builds the new offer; ``offer()`` is the current one."""
+    """``update(inventory)`` builds the new offer, ``update_neighbours`` too with the
+    inventory it has; ``offer()`` is the current one."""
 
     def __init__(self, config: DriverConfig) -> None:
         self.config = config
@@ -29,7 +31,11 @@ class NodeOffer:
         self.attributes_dropped = 0
         self._left_out: set[tuple[str, str]] = set()
         self._said = Once(limit=1024)
-        self._offer = self._build((), None, frozenset())
+        self._hcas: tuple[Hca, ...] = ()
+        self._rdma_cm: CharDevice | None = None
+        self._held: frozenset[str] = frozenset()
+        self._neighbours: dict[str, PortNeighbour] = {}
+        self._offer = self._build()
 
     def offer(self) -> DeviceOffer:
         return self._offer
@@ -42,16 +48,26 @@ class NodeOffer:
         """Take a new inventory: the HCAs the driver selects, and rdma_cm. Replaced even
         when the slice stays as it is: the health verdict also follows rdma_cm, which the
         slice does not show."""
-        hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
-        self._offer = self._build(hcas, inventory.rdma_cm, inventory.held)
+        self._hcas = tuple(h for h in inventory.hcas if self.config.selectors.matches(h))
+        self._rdma_cm, self._held = inventory.rdma_cm, inventory.held
+        self._offer = self._build()
         return self._offer
 
-    def _build(self, hcas: Sequence[Hca], rdma_cm: CharDevice | None,
-               held: frozenset[str]) -> DeviceOffer:
-        offer = DeviceOffer.build(hcas, self.config.driver_name, self.config.mode,
-                                  self.config.device_taints, rdma_cm, held,
+    def update_neighbours(self, neighbours: Iterable[PortNeighbour]) -> DeviceOffer:
+        """Take the ports' LLDP neighbours: an HCA's switch is its first port's."""
+        by_hca: dict[str, PortNeighbour] = {}
+        for n in sorted(neighbours, key=lambda n: n.port):
+            by_hca.setdefault(n.hca, n)
+        self._neighbours = by_hca
+        self._offer = self._build()
+        return self._offer
+
+    def _build(self) -> DeviceOffer:
+        offer = DeviceOffer.build(self._hcas, self.config.driver_name, self.config.mode,
+                                  self.config.device_taints, self._rdma_cm, self._held,
                                   node_device_on=self.config.node_device,
-                                  default_bandwidth=self.config.default_bandwidth)
+                                  default_bandwidth=self.config.default_bandwidth,
+                                  neighbours=self._neighbours)
         self._note_left_out(offer.left_out)
         return offer
 

@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from rdma_hca.daemon.observe.lldp_metrics import lldp_families
 from rdma_hca.daemon.observe.port_metrics import PortText, go_float
 from rdma_hca.daemon.observe.status import DraStatus, Status
 
@@ -70,6 +71,8 @@ class StatusFamilies:
         yield from self._pools(s)
         yield from self._daemon(s)
         yield from self._dra(s)
+        if s.lldp is not None:
+            yield from lldp_families(s.lldp)
 
     def _dra(self, s: Status) -> Iterator[Metric]:
         if s.dra is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rdma_hca.contract.fabric import PortNeighbour
 from rdma_hca.kit.histogram import HistogramCounts
 from rdma_hca.node.model import Gpu, Hca
 
@@ -57,6 +58,20 @@ class DraStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class LldpStatus:
+    """The LLDP listener (fabric.lldp): each port's neighbour and what the wire sent."""
+
+    listening: bool  # False: off, the daemon may not open raw sockets (no CAP_NET_RAW)
+    neighbours: tuple[PortNeighbour, ...] = ()
+    # Seconds since each port's last frame, for the ports that had one (hca, port).
+    last_frame_age: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    ports: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # netdev -> port
+    frames: Mapping[str, int] = field(default_factory=dict)  # read, by netdev
+    dropped: Mapping[str, int] = field(default_factory=dict)  # by reason
+    holds: int = 0  # times a port's neighbour was held for churn
+
+
+@dataclass(frozen=True, slots=True)
 class Liveness:
     """What /healthz answers: ``ok``, or why not."""
 
@@ -84,6 +99,7 @@ class Status:
     gpus: tuple[Gpu, ...] = ()  # the node's NVIDIA GPUs, for the join series
     # Kubernetes Events by outcome (created, patched, failed, dropped); None: no recorder.
     events: Mapping[str, int] | None = None
+    lldp: LldpStatus | None = None  # None: fabric.lldp is off
 
     @property
     def ready(self) -> bool:
