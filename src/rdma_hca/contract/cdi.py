@@ -5,7 +5,8 @@ A spec's kind is ``<driver>/claim``; a device in it is named ``<claim UID>-<devi
 its CDI ID is ``<driver>/claim=<claim UID>-<device>``. Annotation keys are qualified with
 the driver's name: the spec carries the claim's UID, namespace and name; each device its
 pool, device, HCA (a comma-separated list for the node-wide device), the requests it
-answers and its shares (``<shareID>=<bits per second>``, comma-separated).
+answers, its shares (``<shareID>=<bits per second>``, comma-separated) and, on a device
+given with admin access, ``admin-access: "true"``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ POOL = "pool"
 HCA = "hca"
 REQUESTS = "requests"
 SHARES = "shares"
+ADMIN_ACCESS = "admin-access"
 
 
 def cdi_kind(driver: str) -> str:

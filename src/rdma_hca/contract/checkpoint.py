@@ -9,7 +9,9 @@ edited by hand is told from a good one; version 1 (no checksum) is still read. V
 gained the shares of a device (``shares``: each allocation result's shareID and the
 bandwidth it consumed) as an optional key, written only when a device has shares: a
 file without shares is byte for byte what an older driver writes, and an older driver
-reads a file with them (it ignores the key; the checksum covers what it read).
+reads a file with them (it ignores the key; the checksum covers what it read). The
+same holds for ``admin_access`` (a device given to a claim with admin access, which holds
+nothing of its HCA), written only when true.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     # A device two requests of one claim got holds two shares: the bandwidths add up.
     shares: tuple[Share, ...] = ()
+    # Allocated with adminAccess: given to watch the HCA beside its holders, holding none.
+    admin_access: bool = False
 
     @property
     def bandwidth(self) -> int:
         """Bits per second of the HCA the claim holds through this device."""
-        return sum(s.bandwidth for s in self.shares)
+        return 0 if self.admin_access else sum(s.bandwidth for s in self.shares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,8 @@ def _device_json(d: PreparedDevice) -> dict[str, object]:
                               "device": d.device, "hca": d.hca, "cdi_ids": list(d.cdi_ids)}
     if d.shares:
         out["shares"] = [{"id": s.share_id, "bandwidth": s.bandwidth} for s in d.shares]
+    if d.admin_access:
+        out["admin_access"] = True
     return out
 
 
@@ -105,6 +111,12 @@ def _shares(raw: object) -> tuple[Share, ...]:
     return tuple(out)
 
 
+def _flag(raw: object, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise TypeError(f"{key} must be true or false, not {raw!r}")
+    return raw
+
+
 def decode(text: str, path: str) -> tuple[Claims, int]:
     """The claims in ``text`` and the version they were written in."""
     try:
@@ -124,7 +136,8 @@ def decode(text: str, path: str) -> tuple[Claims, int]:
             str(uid): PreparedClaim(
                 str(c["namespace"]), str(c["name"]),
                 tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
-                                     d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")))
+                                     d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")),
+                                     _flag(d.get("admin_access", False), "admin_access"))
                       for d in c["devices"]))
             for uid, c in body.items()
         }

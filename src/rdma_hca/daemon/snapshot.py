@@ -100,5 +100,6 @@ class StatusSnapshot:
                 status_refused=dra.status_refused,
                 status_dropped=dra.status_dropped,
                 status_pending=dra.status_pending,
+                admin_access_claims=dra.admin_access_claims,
             ),
         )

@@ -42,6 +42,14 @@ class AllocatedDevice:
     share_id: str | None = None
     # consumedCapacity: what this share takes of the device's capacities, by name.
     consumed: Mapping[str, str] = field(default_factory=dict)
+    # adminAccess: the device is given for watching it, beside whatever claims hold it.
+    admin_access: bool = False
+
+    @property
+    def request_name(self) -> str:
+        """The request as the kubelet matches a container's ``request`` against it: a
+        prioritized list's ``<request>/<subrequest>`` without the subrequest."""
+        return self.request.split("/", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +123,8 @@ def read_claim(obj: Mapping[str, Any]) -> Claim:
             str(r.get("request") or ""), str(r.get("driver") or ""), str(r.get("pool") or ""),
             str(r.get("device") or ""), str(share) if share else None,
             {str(k): str(v) for k, v in consumed.items()}
-            if isinstance(consumed, Mapping) else {}))
+            if isinstance(consumed, Mapping) else {},
+            r.get("adminAccess") is True))
     generation = meta.get("generation")
     return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                  str(meta.get("uid") or ""), tuple(devices), pod_claim_name(obj),

@@ -71,6 +71,7 @@ class DraStats:
     status_refused: int = 0
     status_dropped: int = 0
     status_pending: int = 0
+    admin_access_claims: int = 0  # prepared claims given a device with admin access
 
 
 @dataclass(slots=True)
@@ -164,6 +165,8 @@ class DraDriver:
             status_refused=writer.refused if writer is not None else 0,
             status_dropped=writer.dropped if writer is not None else 0,
             status_pending=writer.pending if writer is not None else 0,
+            admin_access_claims=sum(any(d.admin_access for d in c.devices)
+                                    for c in prepared.values()),
         )
 
     # --- life cycle ------------------------------------------------------------------

@@ -72,7 +72,8 @@ def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
                   {note(driver, cdi.DEVICE): d.device, note(driver, cdi.POOL): d.pool,
                    note(driver, cdi.HCA): d.hca,
                    note(driver, cdi.REQUESTS): ",".join(d.request_names),
-                   **_share_notes(driver, d)},
+                   **_share_notes(driver, d),
+                   **({note(driver, cdi.ADMIN_ACCESS): "true"} if d.admin_access else {})},
                   tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
@@ -128,7 +129,8 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
             tuple(requests.split(",")) if requests else (),
             str(dn.get(note(driver, cdi.POOL), "")), device,
             str(dn.get(note(driver, cdi.HCA), "")), (cdi_id(driver, uid, device),),
-            _shares_of(dn.get(note(driver, cdi.SHARES)))))
+            _shares_of(dn.get(note(driver, cdi.SHARES))),
+            dn.get(note(driver, cdi.ADMIN_ACCESS)) == "true"))
     claim = PreparedClaim(str(notes.get(note(driver, cdi.CLAIM_NAMESPACE), "")),
                           str(notes.get(note(driver, cdi.CLAIM_NAME), "")), tuple(devices))
     return uid, claim

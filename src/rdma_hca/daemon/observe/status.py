@@ -52,6 +52,8 @@ class DraStatus:
     status_refused: int = 0
     status_dropped: int = 0
     status_pending: int = 0
+    # Prepared claims given a device with admin access (they hold nothing of it).
+    admin_access_claims: int = 0
 
 
 @dataclass(frozen=True, slots=True)
