@@ -14,8 +14,9 @@ reads any other driver's:
 
 A prioritized list's subrequest (``<request>/<subrequest>``) is filed and named as its
 request, the name a container's ``resources.claims[].request`` gives and the kubelet
-matches (the claim's prepared devices carry request names so). Each device carries the attributes its ResourceSlice publishes, its RoCE v2 GIDs
-with their address family, and the env the claim's CDI spec sets. The files are bound
+matches (the claim's prepared devices carry request names so). Each device carries the
+attributes its ResourceSlice publishes, its RoCE v2 GIDs with their address family, and
+the env the claim's CDI spec sets. The files are bound
 through the claim's own CDI spec: each HCA's CDI device mounts the files of its requests,
 so a container sees the files of the requests it uses (two HCAs of one request mount the
 same file: CDI keeps one mount per container path). Building is pure; ``write``, ``undo``

@@ -9,7 +9,9 @@ several registration sockets may name one driver (a rolling update): the newest 
 one called, and when its socket goes the kubelet goes back to the one registered before
 it, still there, without wiping the driver's slices. ``restart()`` is a kubelet
 restart: connections dropped, the registration sockets removed, and every ResourceSlice
-of the node deleted through the API server, as a starting kubelet does.
+of the node deleted through the API server, as a starting kubelet does. What the driver
+answered for each claim is kept (``claims``, :mod:`.claiminfo`): ``container_devices``
+says which CDI devices a container of a pod gets, as the kubelet decides it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import stat
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,7 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from rdma_hca.devkit.dra.claiminfo import ClaimInfoCache
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ class DraKubelet:
         self.plugins: dict[str, Plugin] = {}  # by driver name: the one called
         self.standby: dict[str, list[Plugin]] = {}  # registered before it, oldest first
         self.events = KubeletEvents()
+        self.claims = ClaimInfoCache()  # survives a restart, as the kubelet's checkpoint
         self.starts = 0
         self._seen: dict[str, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -295,13 +299,27 @@ class DraKubelet:
         pb2, stub = self._stub(driver)
         request = pb2.NodePrepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        return await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        response = await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        for claim in claims:
+            if claim[1] in response.claims:
+                self.claims.prepared(driver, claim, response.claims[claim[1]])
+        return response
 
     async def unprepare(self, driver: str, claims: Sequence[tuple[str, str, str]]) -> Any:
         pb2, stub = self._stub(driver)
         request = pb2.NodeUnprepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        return await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        response = await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        for claim in claims:
+            answer = response.claims.get(claim[1])
+            if answer is not None and not answer.error:
+                self.claims.unprepared(driver, claim)
+        return response
+
+    def container_devices(self, pod: Mapping[str, Any], container: str) -> list[str]:
+        """The CDI devices the kubelet starts ``container`` of ``pod`` (a Pod object) with,
+        from what the drivers answered for its claims."""
+        return self.claims.container_devices(pod, container)
 
     # --- the API server --------------------------------------------------------------------
 

@@ -203,14 +203,19 @@ class FakeApiServer:
             except Invalid as exc:
                 raise ValueError(str(exc)) from exc
 
+    def add_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A namespace's labels (``resource.kubernetes.io/admin-access: "true"`` lets its
+        claims ask for admin access)."""
+        with self._lock:
+            self.cluster.namespaces[name] = dict(labels or {})
+
     def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]]) -> str:
-        """A ResourceClaim the scheduler has allocated; returns its UID."""
+        """A ResourceClaim the scheduler has allocated; returns its UID. Its spec is what
+        the results imply (``claim_requests``)."""
         claim = self.put("resourceclaims", {
             "apiVersion": DRA, "kind": "ResourceClaim",
             "metadata": {"namespace": namespace, "name": name},
-            "spec": {"devices": {"requests": [
-                {"name": r["request"], "exactly": {"deviceClassName": "rdma-hca.io"}}
-                for r in results]}},
+            "spec": {"devices": {"requests": claim_requests(results)}},
             "status": {"allocation": {"devices": {"results": results}}},
         })
         uid: str = claim["metadata"]["uid"]
@@ -228,6 +233,33 @@ class FakeApiServer:
             items = self.store.items(resource)
             items[:] = [o for o in items if not (o["metadata"]["name"] == name and
                                                  o["metadata"].get("namespace", "") == namespace)]
+
+
+def claim_requests(results: list[dict[str, Any]], device_class: str = "rdma-hca.io"
+                   ) -> list[dict[str, Any]]:
+    """The requests a claim had for the scheduler to write ``results``: one per request
+    name, ``exactly`` with the count of its results (and ``adminAccess`` when they carry
+    it), or for a prioritized list's ``<request>/<subrequest>`` a ``firstAvailable`` whose
+    first entry is the subrequest chosen."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        name, _, sub = str(r["request"]).partition("/")
+        known = out.get(name)
+        if sub:
+            if known is None:
+                out[name] = {"name": name, "firstAvailable": [
+                    {"name": sub, "deviceClassName": device_class}]}
+            else:
+                known["firstAvailable"][0]["count"] = \
+                    known["firstAvailable"][0].get("count", 1) + 1
+        elif known is None:
+            exactly: dict[str, Any] = {"deviceClassName": device_class}
+            if r.get("adminAccess"):
+                exactly["adminAccess"] = True
+            out[name] = {"name": name, "exactly": exactly}
+        else:
+            known["exactly"]["count"] = known["exactly"].get("count", 1) + 1
+    return list(out.values())
 
 
 def write_kubeconfig(path: Path, server: str, token: str | None = TOKEN) -> Path:

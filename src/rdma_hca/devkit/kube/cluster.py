@@ -32,6 +32,7 @@ class FakeCluster:
     resource_slices: list[dict[str, Any]] | None = None
     resource_claims: list[dict[str, Any]] = field(default_factory=list)
     device_classes: list[dict[str, Any]] = field(default_factory=list)
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # their labels
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
     broken: set[str] = field(default_factory=set)  # resources answered with 500
     plain_404: bool = False  # unknown paths get a text 404, as from a proxy in front

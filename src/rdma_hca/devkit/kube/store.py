@@ -61,6 +61,8 @@ class Store:
             meta["name"] = prefix + uuid.uuid4().hex[:5]
         if resource == "resourceslices":
             validation.check_slice(obj, taints_allowed=self.cluster.taints_allowed)
+        if resource == "resourceclaims":
+            validation.check_claim(obj, self.cluster.namespaces.get(ns, {}))
         items = self.items(resource)
         if any(o["metadata"]["name"] == meta["name"] and o["metadata"].get("namespace", "") == ns
                for o in items):
