@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from rdma_hca.contract.dra import request_name
 
 CHECKPOINT_VERSION = 2
 CHECKPOINT_FILE = "checkpoint.json"  # in <kubelet root>/plugins/<driver name>/
@@ -111,6 +113,13 @@ def _shares(raw: object) -> tuple[Share, ...]:
     return tuple(out)
 
 
+def request_names(names: Iterable[str]) -> tuple[str, ...]:
+    """The names a device answers the kubelet under, each once: a driver before 1.36's
+    rules wrote a prioritized list's ``<request>/<subrequest>`` in full; read as the
+    request it is, so a claim it prepared reaches the containers that name it."""
+    return tuple(dict.fromkeys(request_name(str(n)) for n in names))
+
+
 def _flag(raw: object, key: str) -> bool:
     if not isinstance(raw, bool):
         raise TypeError(f"{key} must be true or false, not {raw!r}")
@@ -135,7 +144,7 @@ def decode(text: str, path: str) -> tuple[Claims, int]:
         claims = {
             str(uid): PreparedClaim(
                 str(c["namespace"]), str(c["name"]),
-                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
+                tuple(PreparedDevice(request_names(d["request_names"]), d["pool"], d["device"],
                                      d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")),
                                      _flag(d.get("admin_access", False), "admin_access"))
                       for d in c["devices"]))

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from dra_support import DRIVER, NODE
 
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, decode, encode
 from rdma_hca.daemon._proto.dra import dra_v1_pb2
+from rdma_hca.daemon.dra import files
 from rdma_hca.daemon.dra.claims import read_claim
 from rdma_hca.devkit.dra.claiminfo import ClaimInfoCache, pod
 from rdma_hca.devkit.dra.stage import DraStage
@@ -159,3 +161,16 @@ def test_the_requests_a_claim_had_follow_its_results() -> None:
         {"name": "x", "exactly": {"deviceClassName": "rdma-hca.io", "count": 2}},
         {"name": "watch", "exactly": {"deviceClassName": "rdma-hca.io",
                                       "adminAccess": True}}]
+
+
+def test_what_an_older_driver_recorded_in_full_is_read_as_the_request() -> None:
+    """Claims prepared before the upgrade answer the kubelet under the request too."""
+    older = PreparedDevice(("hca/any",), NODE, "mlx5-0", "mlx5_0", ("x",))
+    claims, _ = decode(encode({"u": PreparedClaim("n", "c", (older,))}), "f")
+    assert claims["u"].devices[0].request_names == ("hca",)
+    spec = files.claim_spec(DRIVER, "u", PreparedClaim("n", "c", (
+        PreparedDevice(("a/x", "a/y", "b"), NODE, "mlx5-0", "mlx5_0", ("x",)),)),
+        {"mlx5-0": ()}, None, [])
+    assert spec["devices"][0]["annotations"][f"{DRIVER}/requests"] == "a/x,a/y,b"
+    found = files.claim_from_spec(spec, DRIVER)
+    assert found is not None and found[1].devices[0].request_names == ("a", "b")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.contract.dra import request_name
 from rdma_hca.daemon.dra.claimrecords import DeviceEntry
 from rdma_hca.daemon.dra.metadata import pod_claim_name
 from rdma_hca.kit.text import short_repr
@@ -47,9 +48,8 @@ class AllocatedDevice:
 
     @property
     def request_name(self) -> str:
-        """The request as the kubelet matches a container's ``request`` against it: a
-        prioritized list's ``<request>/<subrequest>`` without the subrequest."""
-        return self.request.split("/", 1)[0]
+        """The request as the kubelet matches a container's ``request`` against it."""
+        return request_name(self.request)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from rdma_hca.contract import cdi
 from rdma_hca.contract.cdi import CDI_CLASS, cdi_device_name, cdi_id, cdi_kind, note
-from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share, request_names
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
 from rdma_hca.kit.files import write_atomic
@@ -126,7 +126,7 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
             return None
         requests = str(dn.get(note(driver, cdi.REQUESTS), ""))
         devices.append(PreparedDevice(
-            tuple(requests.split(",")) if requests else (),
+            request_names(requests.split(",")) if requests else (),
             str(dn.get(note(driver, cdi.POOL), "")), device,
             str(dn.get(note(driver, cdi.HCA), "")), (cdi_id(driver, uid, device),),
             _shares_of(dn.get(note(driver, cdi.SHARES))),

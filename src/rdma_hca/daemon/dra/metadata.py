@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from rdma_hca.contract.checkpoint import PreparedClaim
+from rdma_hca.contract.dra import request_name
 from rdma_hca.daemon.dra.devices import Attributes, attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
@@ -76,7 +77,7 @@ def _segment(name: str, what: str) -> str:
 
 def base_request(request: str) -> str:
     """The request a subrequest belongs to: files are per request."""
-    return request.split("/", 1)[0]
+    return request_name(request)
 
 
 def claim_dir(plugin_dir: str, namespace: str, name: str) -> str:
