@@ -11,9 +11,16 @@ value for all; ``distinctAttribute`` needs it on every one, a different value ea
 search tries devices in the order given and backtracks, as the allocator does; a selector
 that errs aborts, as it does. The search is exhaustive, so a claim that cannot be met on a
 large node may take long: past ``budget`` placements it stops with SearchTooLong (the
-scheduler stops at its filter timeout), never with a wrong "Pending". Anything else in a
-claim (``firstAvailable``, ``All``, tolerations, admin access) is refused rather than
-guessed.
+scheduler stops at its filter timeout), never with a wrong "Pending".
+
+A ``firstAvailable`` request (a prioritized list) takes the first of its subrequests, in
+order, that can be met with the rest of the claim, and names its devices
+``<request>/<subrequest>`` as the scheduler's results do; a constraint naming the request
+covers its subrequest. An ``exactly`` request with ``adminAccess`` takes its devices even
+when other claims (``in_use``) or other requests of the claim hold them, and holds
+nothing itself. ``allocationMode: All`` takes every device the request selects, and
+fails when one cannot be had. Anything else in a claim (tolerations, All of no device)
+is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -46,7 +53,9 @@ class Published:
         return (kind, value[kind])
 
 
-Allocation = dict[str, list[Published]]  # request name -> its devices
+# The request's name as the results give it (<request>/<subrequest> for a prioritized
+# list) -> its devices.
+Allocation = dict[str, list[Published]]
 BUDGET = 200_000
 
 
@@ -54,9 +63,8 @@ class SearchTooLong(AssertionError):
     """The search gave up: the claim needs a smaller node or a smaller claim to decide."""
 
 
-def _selected(request: Mapping[str, Any], classes: Mapping[str, Any],
+def _selected(exactly: Mapping[str, Any], classes: Mapping[str, Any],
               device: Published) -> bool:
-    exactly = request["exactly"]
     selectors = [*classes[exactly["deviceClassName"]]["spec"].get("selectors", []),
                  *exactly.get("selectors", [])]
     return all(device_selected(s["cel"]["expression"], device.driver, device.device)
@@ -68,8 +76,10 @@ def _tainted(device: Published) -> bool:
                for t in device.device.get("taints") or [])
 
 
-def _consumed(request: Mapping[str, Any], device: Published) -> dict[str, int]:
-    asked = (request["exactly"].get("capacity") or {}).get("requests") or {}
+def _consumed(exactly: Mapping[str, Any], device: Published) -> dict[str, int]:
+    if exactly.get("adminAccess"):
+        return {}
+    asked = (exactly.get("capacity") or {}).get("requests") or {}
     used: dict[str, int] = {}
     for name, cap in (device.device.get("capacity") or {}).items():
         policy = cap.get("requestPolicy") or {}
@@ -80,26 +90,37 @@ def _consumed(request: Mapping[str, Any], device: Published) -> dict[str, int]:
 
 class Search:
     def __init__(self, claim: Mapping[str, Any], classes: Mapping[str, Any],
-                 devices: Sequence[Published], budget: int = BUDGET) -> None:
+                 devices: Sequence[Published], budget: int = BUDGET,
+                 in_use: Mapping[str, Mapping[str, int]] | None = None) -> None:
         self.budget = budget
+        self.in_use = in_use or {}
         spec = claim["devices"]
         self.requests = list(spec["requests"])
         self.constraints = list(spec.get("constraints") or [])
+        # Each request's options in order: (result name, its exactly-like part).
+        self.options: list[list[tuple[str, Mapping[str, Any]]]] = []
         for request in self.requests:
-            exactly = request.get("exactly")
-            if exactly is None or exactly.get("allocationMode", "ExactCount") != "ExactCount" \
-                    or exactly.get("tolerations") or exactly.get("adminAccess"):
+            exactly, first = request.get("exactly"), request.get("firstAvailable")
+            options = ([(request["name"], exactly)] if exactly is not None else
+                       [(f"{request['name']}/{sub['name']}", sub) for sub in first or []])
+            if not options or any(
+                    o.get("allocationMode", "ExactCount") not in ("ExactCount", "All")
+                    or o.get("tolerations") for _, o in options):
                 raise NotImplementedError(f"request {request['name']}: not emulated")
-        self.slots = [(r["name"], r) for r in self.requests
-                      for _ in range(r["exactly"].get("count", 1))]
-        self.candidates = {r["name"]: [d for d in devices
-                                       if not _tainted(d) and _selected(r, classes, d)]
-                           for r in self.requests}
+            self.options.append(options)
+        self.candidates = {name: [d for d in devices
+                                  if not _tainted(d) and _selected(o, classes, d)]
+                           for options in self.options for name, o in options}
+        for options in self.options:
+            for name, o in options:
+                if o.get("allocationMode") == "All" and not self.candidates[name]:
+                    raise NotImplementedError(f"request {name}: All of no device")
         self.names = [r["name"] for r in self.requests]
 
     def _constraint_holds(self, constraint: Mapping[str, Any], chosen: Allocation) -> bool:
         names = constraint.get("requests") or self.names
-        devices = [d for n in names for d in chosen.get(n, [])]
+        devices = [d for key, ds in chosen.items() for d in ds
+                   if any(key == n or key.startswith(n + "/") for n in names)]
         if "matchAttribute" in constraint:
             values = [d.attribute(constraint["matchAttribute"]) for d in devices]
             return None not in values and len(set(map(repr, values))) <= 1
@@ -108,51 +129,75 @@ class Search:
             return None not in values and len(set(map(repr, values))) == len(values)
         raise NotImplementedError(f"constraint {constraint}: not emulated")
 
-    def _fits(self, request: Mapping[str, Any], device: Published, chosen: Allocation,
-              used: dict[str, dict[str, int]]) -> bool:
-        taken = any(device in ds for ds in chosen.values())
+    def _fits(self, name: str, exactly: Mapping[str, Any], device: Published,
+              chosen: Allocation, used: dict[str, dict[str, int]]) -> bool:
+        if device in chosen.get(name, []):
+            return False  # one request's devices are different devices
+        asked = (exactly.get("capacity") or {}).get("requests") or {}
+        if any(cap not in (device.device.get("capacity") or {}) for cap in asked):
+            return False  # a capacity the device does not have
+        if exactly.get("adminAccess"):
+            return True  # beside whoever holds it
+        taken = device.name in self.in_use or any(
+            device in ds for key, ds in chosen.items() if not self._admin(key))
         if taken and not device.device.get("allowMultipleAllocations"):
             return False
-        if device in chosen.get(request["name"], []):
-            return False  # one request's devices are different devices
-        for name, amount in _consumed(request, device).items():
-            total = int(parse_quantity(device.device["capacity"][name]["value"]).value)
-            if used.get(device.name, {}).get(name, 0) + amount > total:
+        for cap, amount in _consumed(exactly, device).items():
+            total = int(parse_quantity(device.device["capacity"][cap]["value"]).value)
+            if used.get(device.name, {}).get(cap, 0) + amount > total:
                 return False
         return True
+
+    def _admin(self, key: str) -> bool:
+        return any(bool(o.get("adminAccess")) for options in self.options
+                   for name, o in options if name == key)
 
     def first(self) -> Allocation | None:
         """The first allocation in the allocator's order, or None: the pod stays Pending."""
         chosen: Allocation = {}
-        used: dict[str, dict[str, int]] = {}
+        used: dict[str, dict[str, int]] = {n: dict(c) for n, c in self.in_use.items()}
 
-        def place(i: int) -> bool:
-            if i == len(self.slots):
+        def place(i: int, option: int, k: int) -> bool:
+            """Request ``i`` with its option ``option`` has ``k`` devices placed."""
+            if i == len(self.options):
                 return True
-            name, request = self.slots[i]
+            name, exactly = self.options[i][option]
+            wanted = (len(self.candidates[name]) if exactly.get("allocationMode") == "All"
+                      else exactly.get("count", 1))
+            if k == wanted:
+                return next_request(i + 1)
             for device in self.candidates[name]:
-                if not self._fits(request, device, chosen, used):
+                if not self._fits(name, exactly, device, chosen, used):
                     continue
                 self.budget -= 1
                 if self.budget < 0:
                     raise SearchTooLong(f"no answer within {BUDGET} placements")
                 chosen.setdefault(name, []).append(device)
-                consumed = _consumed(request, device)
+                consumed = _consumed(exactly, device)
                 for cap, amount in consumed.items():
                     used.setdefault(device.name, {})[cap] = \
                         used.get(device.name, {}).get(cap, 0) + amount
                 if all(self._constraint_holds(c, chosen) for c in self.constraints) \
-                        and place(i + 1):
+                        and place(i, option, k + 1):
                     return True
                 chosen[name].pop()
+                if not chosen[name]:
+                    del chosen[name]
                 for cap, amount in consumed.items():
                     used[device.name][cap] -= amount
             return False
 
-        return {n: list(ds) for n, ds in chosen.items()} if place(0) else None
+        def next_request(i: int) -> bool:
+            if i == len(self.options):
+                return True
+            return any(place(i, option, 0) for option in range(len(self.options[i])))
+
+        return {n: list(ds) for n, ds in chosen.items()} if next_request(0) else None
 
 
 def allocate(claim: Mapping[str, Any], classes: Mapping[str, Any],
-             devices: Sequence[Published], budget: int = BUDGET) -> Allocation | None:
-    """``claim`` (a ResourceClaim's spec) on a node publishing ``devices``."""
-    return Search(claim, classes, devices, budget).first()
+             devices: Sequence[Published], budget: int = BUDGET,
+             in_use: Mapping[str, Mapping[str, int]] | None = None) -> Allocation | None:
+    """``claim`` (a ResourceClaim's spec) on a node publishing ``devices``; ``in_use``:
+    the devices other claims hold, by name, with the capacity they consume."""
+    return Search(claim, classes, devices, budget, in_use).first()

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_support import REPO
+from deploy_support import REPO, RenderFn
+from dra_allocator import Published, allocate
 
+from rdma_hca.contract.dra import BANDWIDTH
+from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.devkit.sim.nodes import gpu_node
 from rdma_hca.kit.quantity import parse_quantity
+from rdma_hca.node.inventory import discover_node
+from rdma_hca.settings.model import Mode
 from rdma_hca.tools.check import MIN_SHM_BYTES
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -87,7 +95,7 @@ def test_check_job_runs_our_check_on_the_host_network() -> None:
 
 JOBS = ("hps-benchmark-job.yaml", "hps-benchmark-job-non-hostnetwork.yaml",
         "dra-hps-benchmark-job.yaml", "dra-gpu-and-hca-job.yaml",
-        "dra-bandwidth-gpu-job.yaml")
+        "dra-bandwidth-gpu-job.yaml", "dra-firstavailable.yaml")
 
 
 def _job(name: str) -> dict[str, Any]:
@@ -112,7 +120,10 @@ def test_example_jobs_run_the_nccl_check_first(name: str) -> None:
         requests = {r["name"]: r for r in template["spec"]["spec"]["devices"]["requests"]}
         (own,) = init["resources"]["claims"]
         assert own["name"] == claim["name"]
-        assert requests[own["request"]]["exactly"]["deviceClassName"] == "rdma-hca.io"
+        request = requests[own["request"]]
+        # A prioritized list's subrequests are all HCAs: the check sees whichever came.
+        assert {r["deviceClassName"] for r in request.get("firstAvailable")
+                or [request["exactly"]]} == {"rdma-hca.io"}
     else:
         assert init["resources"]["limits"] == {"rdma/hca": main["resources"]["limits"][
             "rdma/hca"]}
@@ -193,3 +204,90 @@ def test_the_hcaconfig_example_passes_parameters_the_driver_takes() -> None:
     (c,) = pod["containers"]
     assert c["resources"]["claims"] == [{"name": claim["name"], "request": "hca"}]
     assert {r["name"] for r in devices["requests"]} == {"hca"}
+# --- Kubernetes 1.36's DRA: prioritized lists and admin access, allocated as the scheduler
+# would over what the driver publishes (dra_allocator), then prepared by the driver.
+
+DRIVER = "rdma-hca.io"
+HELD = f"{DRIVER}/{BANDWIDTH}"
+
+
+@pytest.fixture(scope="module")
+def classes(render: RenderFn) -> dict[str, Any]:
+    objs = render({"dra.enabled": "true", "devicePlugin.enabled": "false"})
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
+
+
+def _published(tmp_path: Path, mode: Mode = Mode.SHARED) -> list[Published]:
+    node = gpu_node(tmp_path / "node", hcas=4)
+    inventory = discover_node(node.sysfs_root, node.dev_root)
+    offer = DeviceOffer.build(inventory.hcas, DRIVER, mode, True, inventory.rdma_cm)
+    return [Published(DRIVER, d) for d in offer.devices]
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((REPO / "examples" / name).read_text()) if d]
+
+
+def test_the_first_available_claim_takes_a_free_400g_port_else_any(
+        classes: dict[str, Any], tmp_path: Path) -> None:
+    (template,) = _templates("dra-firstavailable.yaml")
+    claim = template["spec"]["spec"]
+    devices = _published(tmp_path)
+    got = allocate(claim, classes, devices)
+    assert got is not None and list(got) == ["hca/free-400g"]
+    assert got["hca/free-400g"][0].name == "mlx5-0"
+    # 1G held of each HCA but the third: that one.
+    some = {d.name: {HELD: 10**9} for d in devices if d.name != "mlx5-2"}
+    got = allocate(claim, classes, devices, in_use=some)
+    assert got is not None and [d.name for d in got["hca/free-400g"]] == ["mlx5-2"]
+    # Some held of every HCA: any of them, holding nothing.
+    every = {d.name: {HELD: 10**9} for d in devices}
+    got = allocate(claim, classes, devices, in_use=every)
+    assert got is not None and list(got) == ["hca/any"]
+
+
+async def test_the_first_available_jobs_containers_get_the_hca_whichever_came(
+        tmp_path: Path) -> None:
+    """The Job's containers name ``request: hca``; the claim's device is hca/any."""
+    (job,) = [d for d in _docs("dra-firstavailable.yaml") if d["kind"] == "Job"]
+    spec = job["spec"]["template"]["spec"]
+    node = gpu_node(tmp_path / "node", hcas=4, gid_table_size=8)
+    async with DraStage(node, tmp_path / "stage") as stage:
+        assert stage.kubelet is not None and await stage.registered()
+        uid = stage.api.add_claim("team", "job-rdma-x1", [
+            {"request": "hca/any", "driver": DRIVER, "pool": stage.node_name,
+             "device": "mlx5-3"}])
+        resp = await stage.kubelet.prepare(DRIVER, [("team", uid, "job-rdma-x1")])
+        assert resp.claims[uid].error == ""
+        pod = {"metadata": {"namespace": "team"}, "spec": spec, "status": {
+            "resourceClaimStatuses": [{"name": "rdma", "resourceClaimName": "job-rdma-x1"}]}}
+        for container in ("rdma-check", "train"):
+            assert stage.kubelet.container_devices(pod, container) == [
+                f"{DRIVER}/claim={uid}-mlx5-3"], container
+
+
+@pytest.mark.parametrize("mode", [Mode.SHARED, Mode.EXCLUSIVE])
+def test_the_fabric_monitor_is_given_every_hca_even_one_held_whole(
+        classes: dict[str, Any], tmp_path: Path, mode: Mode) -> None:
+    namespace, template, daemonset = _docs("dra-fabric-monitor.yaml")
+    assert namespace["metadata"]["labels"] == {"resource.kubernetes.io/admin-access": "true"}
+    assert template["metadata"]["namespace"] == daemonset["metadata"]["namespace"] \
+        == namespace["metadata"]["name"]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["adminAccess"] is True
+    devices = _published(tmp_path, mode)
+    hcas = sorted(d.name for d in devices if d.attribute(f"{DRIVER}/kind") == ("string", "hca"))
+    # Another claim holds mlx5-0 whole: all its bandwidth, or the exclusive device.
+    held: dict[str, dict[str, int]] = {
+        "mlx5-0": {HELD: 400 * 10**9} if mode is Mode.SHARED else {}}
+    got = allocate(template["spec"]["spec"], classes, devices, in_use=held)
+    assert got is not None and sorted(d.name for d in got["hcas"]) == hcas
+    # Its container names the request, and so gets every one of them.
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": "hcas", "request": "hcas"}]
+    # Without admin access: an exclusive HCA held whole is no one else's, so "every HCA"
+    # cannot be had (a shared one is, with a share of 0, holding nothing either).
+    plain = {"devices": {"requests": [{**request, "exactly": {
+        k: v for k, v in request["exactly"].items() if k != "adminAccess"}}]}}
+    if mode is Mode.EXCLUSIVE:
+        assert allocate(plain, classes, devices, in_use=held) is None

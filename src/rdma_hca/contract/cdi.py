@@ -5,8 +5,9 @@ A spec's kind is ``<driver>/claim``; a device in it is named ``<claim UID>-<devi
 its CDI ID is ``<driver>/claim=<claim UID>-<device>``. Annotation keys are qualified with
 the driver's name: the spec carries the claim's UID, namespace and name; each device its
 pool, device, HCA (a comma-separated list for the node-wide device), the requests it
-answers, its shares (``<shareID>=<bits per second>``, comma-separated) and the settings
-its requests asked for (``config``: HcaConfig's fields as compact JSON; absent: none).
+answers, its shares (``<shareID>=<bits per second>``, comma-separated), the settings
+its requests asked for (``config``: HcaConfig's fields as compact JSON; absent: none)
+and, on a device given with admin access, ``admin-access: "true"``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ HCA = "hca"
 REQUESTS = "requests"
 SHARES = "shares"
 CONFIG = "config"
+ADMIN_ACCESS = "admin-access"
 
 
 def cdi_kind(driver: str) -> str:

@@ -11,16 +11,19 @@ bandwidth it consumed) as an optional key, written only when a device has shares
 file without shares is byte for byte what an older driver writes, and an older driver
 reads a file with them (it ignores the key; the checksum covers what it read). The
 settings a device's requests asked for (``config``: HcaConfig's fields) are kept the
-same way, so a CDI spec lost in a reboot is written again as it was.
+same way, so a CDI spec lost in a reboot is written again as it was; and so is
+``admin_access`` (a device given to a claim with admin access, which holds nothing of
+its HCA), written only when true.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from rdma_hca.contract.dra import request_name
 from rdma_hca.contract.hcaconfig import HcaConfig, check_fields
 
 CHECKPOINT_VERSION = 2
@@ -46,11 +49,13 @@ class PreparedDevice:
     shares: tuple[Share, ...] = ()
     # What its requests asked for (HcaConfig parameters).
     config: HcaConfig = field(default_factory=HcaConfig)
+    # Allocated with adminAccess: given to watch the HCA beside its holders, holding none.
+    admin_access: bool = False
 
     @property
     def bandwidth(self) -> int:
         """Bits per second of the HCA the claim holds through this device."""
-        return sum(s.bandwidth for s in self.shares)
+        return 0 if self.admin_access else sum(s.bandwidth for s in self.shares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,8 @@ def _device_json(d: PreparedDevice) -> dict[str, object]:
         out["shares"] = [{"id": s.share_id, "bandwidth": s.bandwidth} for s in d.shares]
     if not d.config.empty:
         out["config"] = d.config.as_fields()
+    if d.admin_access:
+        out["admin_access"] = True
     return out
 
 
@@ -113,6 +120,19 @@ def _shares(raw: object) -> tuple[Share, ...]:
     return tuple(out)
 
 
+def request_names(names: Iterable[str]) -> tuple[str, ...]:
+    """The names a device answers the kubelet under, each once: a driver before 1.36's
+    rules wrote a prioritized list's ``<request>/<subrequest>`` in full; read as the
+    request it is, so a claim it prepared reaches the containers that name it."""
+    return tuple(dict.fromkeys(request_name(str(n)) for n in names))
+
+
+def _flag(raw: object, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise TypeError(f"{key} must be true or false, not {raw!r}")
+    return raw
+
+
 def decode(text: str, path: str) -> tuple[Claims, int]:
     """The claims in ``text`` and the version they were written in."""
     try:
@@ -131,9 +151,10 @@ def decode(text: str, path: str) -> tuple[Claims, int]:
         claims = {
             str(uid): PreparedClaim(
                 str(c["namespace"]), str(c["name"]),
-                tuple(PreparedDevice(tuple(d["request_names"]), d["pool"], d["device"],
+                tuple(PreparedDevice(request_names(d["request_names"]), d["pool"], d["device"],
                                      d["hca"], tuple(d["cdi_ids"]), _shares(d.get("shares")),
-                                     check_fields(d.get("config") or {}))
+                                     check_fields(d.get("config") or {}),
+                                     _flag(d.get("admin_access", False), "admin_access"))
                       for d in c["devices"]))
             for uid, c in body.items()
         }

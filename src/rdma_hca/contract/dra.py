@@ -66,6 +66,12 @@ SLICE_INDEX_ANNOTATION = "slice-index"
 RESYNC_SECONDS = 60.0
 
 
+def request_name(request: str) -> str:
+    """A result's request as the kubelet matches a container's ``request`` against it: a
+    prioritized list's ``<request>/<subrequest>`` without the subrequest."""
+    return request.split("/", 1)[0]
+
+
 def qualified(driver: str, name: str) -> str:
     """``<driver>/<name>``: an attribute, capacity, taint or annotation of the driver."""
     return f"{driver}/{name}"

@@ -105,6 +105,7 @@ class StatusSnapshot:
                 status_dropped=dra.status_dropped,
                 status_pending=dra.status_pending,
                 attributes_dropped=dra.attributes_dropped,
+                admin_access_claims=dra.admin_access_claims,
             ),
         )
 

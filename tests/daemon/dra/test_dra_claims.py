@@ -202,8 +202,10 @@ async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mod
     order: list[str] = []
     release = asyncio.Event()
 
-    async def claim(name: str, devices: list[str], hold: bool) -> None:
-        async with keeper._devices_locked(devices):
+    async def claim(name: str, devices: list[str], hold: bool, admin: bool = False) -> None:
+        prepared = [PreparedDevice(("r",), NODE, d, d, (), admin_access=admin)
+                    for d in devices]
+        async with keeper._devices_locked(prepared):
             order.append(f"{name} in")
             if hold:
                 await release.wait()
@@ -211,6 +213,10 @@ async def test_an_exclusive_device_takes_one_claim_at_a_time(tmp_path: Path, mod
 
     first = asyncio.create_task(claim("a", ["mlx5-0", "mlx5-1"], True))
     assert await wait_until(lambda: order == ["a in"], 5.0)
+    # Admin access takes no turn, in either mode: it neither waits nor is waited for.
+    await claim("watch", ["mlx5-1"], False, admin=True)
+    assert order == ["a in", "watch in", "watch out"] and keeper.device_waits == 0
+    del order[1:]
     second = asyncio.create_task(claim("b", ["mlx5-1"], False))
     if mode is Mode.EXCLUSIVE:
         assert await wait_until(lambda: keeper.device_waits == 1, 5.0)

@@ -21,6 +21,7 @@ from test_serve_process import metric_samples
 from rdma_hca.daemon.dra.claimstatus import REFUSALS
 from rdma_hca.daemon.wiring import Daemon
 from rdma_hca.devkit.dra.kubelet import DraKubelet
+from rdma_hca.devkit.dra.stage import admin_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
@@ -160,6 +161,13 @@ async def test_the_claim_status_writers_counts_are_in_the_daemons_metrics(
         assert await until(pending, 0.0)
         assert len(api.claim("ns", "slow")["status"]["devices"]) == 1
         assert await sample(refused) == float(REFUSALS) and await sample(dropped) == 1.0
+        # A claim with admin access to a device: counted apart, as the snapshot carries it.
+        assert await sample("rdma_hca_dra_admin_access_prepared") == 0.0
+        api.add_namespace("fabric", {"resource.kubernetes.io/admin-access": "true"})
+        uid = api.add_claim("fabric", "watch", [admin_result("hca", "mlx5-0", NODE)])
+        answer = await kubelet.prepare(DRIVER, [("fabric", uid, "watch")])
+        assert answer.claims[uid].error == ""
+        assert await sample("rdma_hca_dra_admin_access_prepared") == 1.0
     finally:
         await daemon.stop()
         await kubelet.stop()

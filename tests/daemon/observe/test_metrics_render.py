@@ -137,8 +137,11 @@ def test_the_claim_status_writers_counts_come_from_the_snapshot() -> None:
     assert s["rdma_hca_dra_claim_status_refused_total"] == [({}, 0.0)]
     assert s["rdma_hca_dra_claim_status_dropped_total"] == [({}, 0.0)]
     assert s["rdma_hca_dra_claim_status_pending"] == [({}, 0.0)]
-    dra = DraStatus(True, 1, 0, None, status_refused=3, status_dropped=2, status_pending=7)
+    assert s["rdma_hca_dra_admin_access_prepared"] == [({}, 0.0)]
+    dra = DraStatus(True, 1, 0, None, status_refused=3, status_dropped=2, status_pending=7,
+                    admin_access_claims=2)
     s = metric_samples(render(replace(STATUS, dra=dra)).decode())
+    assert s["rdma_hca_dra_admin_access_prepared"] == [({}, 2.0)]
     assert s["rdma_hca_dra_claim_status_refused_total"] == [({}, 3.0)]
     assert s["rdma_hca_dra_claim_status_dropped_total"] == [({}, 2.0)]
     assert s["rdma_hca_dra_claim_status_pending"] == [({}, 7.0)]

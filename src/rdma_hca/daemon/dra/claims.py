@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.contract.dra import request_name
 from rdma_hca.contract.hcaconfig import (
     KIND,
     ConfigEntry,
@@ -50,6 +51,13 @@ class AllocatedDevice:
     share_id: str | None = None
     # consumedCapacity: what this share takes of the device's capacities, by name.
     consumed: Mapping[str, str] = field(default_factory=dict)
+    # adminAccess: the device is given for watching it, beside whatever claims hold it.
+    admin_access: bool = False
+
+    @property
+    def request_name(self) -> str:
+        """The request as the kubelet matches a container's ``request`` against it."""
+        return request_name(self.request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +169,8 @@ def read_claim(obj: Mapping[str, Any]) -> Claim:
             str(r.get("request") or ""), str(r.get("driver") or ""), str(r.get("pool") or ""),
             str(r.get("device") or ""), str(share) if share else None,
             {str(k): str(v) for k, v in consumed.items()}
-            if isinstance(consumed, Mapping) else {}))
+            if isinstance(consumed, Mapping) else {},
+            r.get("adminAccess") is True))
     generation = meta.get("generation")
     return Claim(str(meta.get("namespace") or ""), str(meta.get("name") or ""),
                  str(meta.get("uid") or ""), tuple(devices), pod_claim_name(obj),

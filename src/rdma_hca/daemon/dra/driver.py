@@ -74,6 +74,7 @@ class DraStats:
     status_dropped: int = 0
     status_pending: int = 0
     attributes_dropped: int = 0  # left out of a device to keep within the API's limit
+    admin_access_claims: int = 0  # prepared claims given a device with admin access
 
 
 @dataclass(slots=True)
@@ -174,6 +175,8 @@ class DraDriver:
             status_dropped=writer.dropped if writer is not None else 0,
             status_pending=writer.pending if writer is not None else 0,
             attributes_dropped=self.offering.attributes_dropped,
+            admin_access_claims=sum(any(d.admin_access for d in c.devices)
+                                    for c in prepared.values()),
         )
 
     # --- life cycle ------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from rdma_hca.contract import cdi
 from rdma_hca.contract.cdi import CDI_CLASS, cdi_device_name, cdi_id, cdi_kind, note
-from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
+from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share, request_names
 from rdma_hca.contract.hcaconfig import HcaConfig, HcaConfigError, check_fields
 from rdma_hca.daemon.dra.claims import ClaimConfigError
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
@@ -103,7 +103,8 @@ def claim_spec(driver: str, claim_uid: str, claim: PreparedClaim,
                   {note(driver, cdi.DEVICE): d.device, note(driver, cdi.POOL): d.pool,
                    note(driver, cdi.HCA): d.hca,
                    note(driver, cdi.REQUESTS): ",".join(d.request_names),
-                   **_share_notes(driver, d), **_config_notes(driver, d)},
+                   **_share_notes(driver, d), **_config_notes(driver, d),
+                   **({note(driver, cdi.ADMIN_ACCESS): "true"} if d.admin_access else {})},
                   tuple((mounts or {}).get(d.device, ())))
         for d in claim.devices
     ]
@@ -175,11 +176,12 @@ def claim_from_spec(spec: Mapping[str, Any], driver: str) -> tuple[str, Prepared
             return None
         requests = str(dn.get(note(driver, cdi.REQUESTS), ""))
         devices.append(PreparedDevice(
-            tuple(requests.split(",")) if requests else (),
+            request_names(requests.split(",")) if requests else (),
             str(dn.get(note(driver, cdi.POOL), "")), device,
             str(dn.get(note(driver, cdi.HCA), "")), (cdi_id(driver, uid, device),),
             _shares_of(dn.get(note(driver, cdi.SHARES))),
-            _config_of(dn.get(note(driver, cdi.CONFIG)))))
+            _config_of(dn.get(note(driver, cdi.CONFIG))),
+            dn.get(note(driver, cdi.ADMIN_ACCESS)) == "true"))
     claim = PreparedClaim(str(notes.get(note(driver, cdi.CLAIM_NAMESPACE), "")),
                           str(notes.get(note(driver, cdi.CLAIM_NAME), "")), tuple(devices))
     return uid, claim

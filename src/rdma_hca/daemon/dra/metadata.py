@@ -12,9 +12,11 @@ reads any other driver's:
 - the file is a stream of ``DeviceMetadata`` objects (``metadata.resource.k8s.io``), the
   same content once per version, newest first: a reader takes the first it knows.
 
-A subrequest (``<request>/<subrequest>``) is filed under its request and named in full
-inside. Each device carries the attributes its ResourceSlice publishes, its RoCE v2 GIDs
-with their address family, and the env the claim's CDI spec sets. The files are bound
+A prioritized list's subrequest (``<request>/<subrequest>``) is filed and named as its
+request, the name a container's ``resources.claims[].request`` gives and the kubelet
+matches (the claim's prepared devices carry request names so). Each device carries the
+attributes its ResourceSlice publishes, its RoCE v2 GIDs with their address family, and
+the env the claim's CDI spec sets. The files are bound
 through the claim's own CDI spec: each HCA's CDI device mounts the files of its requests,
 so a container sees the files of the requests it uses (two HCAs of one request mount the
 same file: CDI keeps one mount per container path). Building is pure; ``write``, ``undo``
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from rdma_hca.contract.checkpoint import PreparedClaim
+from rdma_hca.contract.dra import request_name
 from rdma_hca.daemon.dra.devices import Attributes, attributes, node_attributes
 from rdma_hca.kit.files import write_atomic
 from rdma_hca.node.model import GidKind, Hca
@@ -74,7 +77,7 @@ def _segment(name: str, what: str) -> str:
 
 def base_request(request: str) -> str:
     """The request a subrequest belongs to: files are per request."""
-    return request.split("/", 1)[0]
+    return request_name(request)
 
 
 def claim_dir(plugin_dir: str, namespace: str, name: str) -> str:

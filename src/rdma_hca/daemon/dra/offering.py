@@ -90,6 +90,8 @@ class NodeOffer:
         held = dict.fromkeys(self._offer.bandwidth(), 0)
         for claim in prepared.values():
             for d in claim.devices:
-                if d.device != NODE_DEVICE:  # it gives every HCA and holds none of them
+                # The node-wide device gives every HCA and holds none of them; a device
+                # given with admin access holds nothing of its HCA.
+                if d.device != NODE_DEVICE and not d.admin_access:
                     held[d.hca] = held.get(d.hca, 0) + d.bandwidth
         return held

@@ -126,7 +126,7 @@ class ClaimPreparer:
             files.remove_claim_spec(spec_dir, driver, uid)
             metadata.undo(meta)
 
-        async with self._devices_locked([d.device for d in prepared.devices]):
+        async with self._devices_locked(prepared.devices):
             try:
                 await self._io.run(f"writing the CDI spec of claim {uid}", write_files)
                 try:
@@ -146,13 +146,16 @@ class ClaimPreparer:
         return PrepareResult(prepared.devices)
 
     @contextlib.asynccontextmanager
-    async def _devices_locked(self, devices: Sequence[str]) -> AsyncIterator[None]:
-        """In exclusive mode a device is in one claim at a time: its claims take turns."""
-        if self.config.mode is not Mode.EXCLUSIVE:
+    async def _devices_locked(self, devices: Sequence[PreparedDevice]) -> AsyncIterator[None]:
+        """In exclusive mode a device is in one claim at a time: its claims take turns.
+        A device given with admin access is in no one's turn: it waits for no claim
+        holding the HCA, and none waits for it."""
+        held = {d.device for d in devices if not d.admin_access}
+        if self.config.mode is not Mode.EXCLUSIVE or not held:
             yield
             return
         async with contextlib.AsyncExitStack() as stack:
-            for name in sorted(set(devices)):  # one order everywhere: no deadlock
+            for name in sorted(held):  # one order everywhere: no deadlock
                 lock = self._device_locks.setdefault(name, asyncio.Lock())
                 if lock.locked():
                     self.device_waits += 1
@@ -173,20 +176,33 @@ class ClaimPreparer:
                                  f"from this node's pool {pool}")
             if r.device not in hcas:
                 hcas[r.device] = self._hcas_of(r.device, None)
-            shares = (Share(r.share_id, _bandwidth(r, driver)),) if r.share_id else ()
+            # Admin access watches the HCA beside its holders: it holds no share of it.
+            shares = (Share(r.share_id, _bandwidth(r, driver)),) \
+                if r.share_id and not r.admin_access else ()
             known = devices.get(r.device)
             if known is None:
+                # Named as the kubelet matches a container's request: a prioritized
+                # list's subrequest answers under its request.
                 devices[r.device] = PreparedDevice(
-                    (r.request,), pool, r.device, ",".join(h.name for h in hcas[r.device]),
-                    (cdi_id(driver, claim.uid, r.device),), shares)
+                    (r.request_name,), pool, r.device,
+                    ",".join(h.name for h in hcas[r.device]),
+                    (cdi_id(driver, claim.uid, r.device),), shares,
+                    admin_access=r.admin_access)
             else:
                 # A shared device can be in one claim twice (two requests, or rdma/hca: 2
                 # on the node-wide device; each with its share ID): one CDI device for every
-                # request that got it, holding what all of them consumed.
+                # request that got it, holding what all of them consumed, and held when
+                # any of them holds it.
                 devices[r.device] = replace(
                     known, request_names=tuple(dict.fromkeys((*known.request_names,
-                                                              r.request))),
-                    shares=known.shares + shares)
+                                                              r.request_name))),
+                    shares=known.shares + shares,
+                    admin_access=known.admin_access and r.admin_access)
+        watched = [f"{d.device} ({d.hca})" for d in devices.values() if d.admin_access]
+        if watched:
+            log.info("claim %s/%s has admin access to %s: given beside the claims holding "
+                     "them, holding nothing", claim.namespace, claim.name, ", ".join(watched),
+                     extra={"claim": claim_field(claim.ref)})
         return PreparedClaim(claim.namespace, claim.name, tuple(devices.values())), hcas
 
     def _hcas_of(self, device: str, hca_name: str | None) -> tuple[Hca, ...]:
@@ -258,7 +274,7 @@ class ClaimPreparer:
             metadata.remove(self.config.plugin_dir, ref.namespace, ref.name, uid)
 
         known = self.prepared.get(uid)
-        devices = [d.device for d in known.devices] if known is not None else []
+        devices = known.devices if known is not None else ()
         try:
             async with self._devices_locked(devices):
                 await self._io.run(f"removing the CDI spec of claim {uid}", remove_files)

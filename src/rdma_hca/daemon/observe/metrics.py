@@ -89,6 +89,11 @@ class StatusFamilies:
                                    "ResourceClaims prepared on this node")
         claims.add_metric([], s.dra.prepared_claims)
         yield claims
+        admin = GaugeMetricFamily("rdma_hca_dra_admin_access_prepared",
+                                  "ResourceClaims prepared on this node with admin access to "
+                                  "a device (holding nothing of it)")
+        admin.add_metric([], s.dra.admin_access_claims)
+        yield admin
         published = GaugeMetricFamily("rdma_hca_dra_slice_published",
                                       "1 when the node's ResourceSlice matches the HCAs, 0 "
                                       "while publishing it fails")

@@ -55,6 +55,8 @@ class DraStatus:
     status_pending: int = 0
     # Attributes and capacities left out of a device to keep within the API's limit.
     attributes_dropped: int = 0
+    # Prepared claims given a device with admin access (they hold nothing of it).
+    admin_access_claims: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,11 @@ several registration sockets may name one driver (a rolling update): the newest 
 one called, and when its socket goes the kubelet goes back to the one registered before
 it, still there, without wiping the driver's slices. ``restart()`` is a kubelet
 restart: connections dropped, the registration sockets removed, and every ResourceSlice
-of the node deleted through the API server, as a starting kubelet does. It keeps what
-each prepared claim's answer said, as the kubelet does, and shows it as the PodResources
-API reports it per container (``claim_resources``: each device entry with its share ID).
+of the node deleted through the API server, as a starting kubelet does. What the driver
+answered for each claim is kept (``claims``, :mod:`.claiminfo`): ``container_devices``
+says which CDI devices a container of a pod gets, as the kubelet decides it, and
+``claim_resources`` shows each answer as the PodResources API reports it per container
+(each device entry with its share ID).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import stat
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +46,7 @@ from rdma_hca.daemon._proto.dra import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from rdma_hca.devkit.dra.claiminfo import ClaimInfoCache
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ class DraKubelet:
         self.plugins: dict[str, Plugin] = {}  # by driver name: the one called
         self.standby: dict[str, list[Plugin]] = {}  # registered before it, oldest first
         self.events = KubeletEvents()
+        self.claims = ClaimInfoCache()  # survives a restart, as the kubelet's checkpoint
         self.starts = 0
         self._seen: dict[str, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -310,30 +314,40 @@ class DraKubelet:
         pb2, stub = self._stub(driver)
         request = pb2.NodePrepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        resp = await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
-        for uid, entry in resp.claims.items():
+        response = await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        for claim in claims:
+            if claim[1] in response.claims:
+                self.claims.prepared(driver, claim, response.claims[claim[1]])
+        for uid, entry in response.claims.items():
             if not entry.error:
                 self.prepared[uid] = [ClaimResource(
                     driver, d.pool_name, d.device_name,
                     d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name
                     and d.HasField("share_id") else None,
                     tuple(d.cdi_device_ids)) for d in entry.devices]
-        return resp
+        return response
 
     async def unprepare(self, driver: str, claims: Sequence[tuple[str, str, str]]) -> Any:
         pb2, stub = self._stub(driver)
         request = pb2.NodeUnprepareResourcesRequest(
             claims=[pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims])
-        resp = await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
-        for uid, entry in resp.claims.items():
-            if not entry.error:
-                self.prepared.pop(uid, None)
-        return resp
+        response = await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        for claim in claims:
+            answer = response.claims.get(claim[1])
+            if answer is not None and not answer.error:
+                self.claims.unprepared(driver, claim)
+                self.prepared.pop(claim[1], None)
+        return response
 
     def claim_resources(self, uid: str) -> list[ClaimResource]:
         """A container's ``dynamicResources[].claimResources`` for a claim it names: every
         device entry of the claim's answer, each with its share ID."""
         return list(self.prepared.get(uid, ()))
+
+    def container_devices(self, pod: Mapping[str, Any], container: str) -> list[str]:
+        """The CDI devices the kubelet starts ``container`` of ``pod`` (a Pod object) with,
+        from what the drivers answered for its claims."""
+        return self.claims.container_devices(pod, container)
 
     # --- the API server --------------------------------------------------------------------
 

@@ -173,6 +173,16 @@ def share_result(request: str, device: str, pool: str, *, bandwidth: str | None 
     return result
 
 
+def admin_result(request: str, device: str, pool: str, *,
+                 driver: str = "rdma-hca.io") -> dict[str, Any]:
+    """An allocation result as the scheduler writes it for a request with
+    ``adminAccess: true`` (allowed in a namespace labelled
+    ``resource.kubernetes.io/admin-access: "true"``): the device even when other claims
+    hold it, whole or in shares, and consuming nothing of it."""
+    return {"request": request, "driver": driver, "pool": pool, "device": device,
+            "adminAccess": True}
+
+
 def with_changes(**changes: Any) -> Callable[[DriverConfig], DriverConfig]:
     """A ``config`` hook for DraStage that changes some fields of the driver's config."""
     return lambda c: replace(c, **changes)

@@ -208,22 +208,20 @@ class FakeApiServer:
             except Invalid as exc:
                 raise ValueError(str(exc)) from exc
 
+    def add_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A namespace's labels (``resource.kubernetes.io/admin-access: "true"`` lets its
+        claims ask for admin access)."""
+        with self._lock:
+            self.cluster.namespaces[name] = dict(labels or {})
+
     def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]],
                   config: list[dict[str, Any]] | None = None,
                   class_config: list[dict[str, Any]] | None = None) -> str:
-        """A ResourceClaim the scheduler has allocated; returns its UID. ``config``: its
+        """A ResourceClaim the scheduler has allocated; returns its UID. Its requests are
+        what the results imply (``claim_requests``); ``config``: its
         ``spec.devices.config``; the allocation copies the class's entries (``class_config``,
         a DeviceClass's ``spec.config``) and then the claim's, as the scheduler does."""
-        requests: dict[str, dict[str, Any]] = {}
-        for r in results:
-            top, _, sub = r["request"].partition("/")
-            request = requests.setdefault(top, {"name": top})
-            if sub:
-                request.setdefault("firstAvailable", []).append(
-                    {"name": sub, "deviceClassName": "rdma-hca.io"})
-            else:
-                request["exactly"] = {"deviceClassName": "rdma-hca.io"}
-        devices: dict[str, Any] = {"requests": list(requests.values())}
+        devices: dict[str, Any] = {"requests": claim_requests(results)}
         allocation: dict[str, Any] = {"results": results}
         if config:
             devices["config"] = config
@@ -252,6 +250,33 @@ class FakeApiServer:
             items = self.store.items(resource)
             items[:] = [o for o in items if not (o["metadata"]["name"] == name and
                                                  o["metadata"].get("namespace", "") == namespace)]
+
+
+def claim_requests(results: list[dict[str, Any]], device_class: str = "rdma-hca.io"
+                   ) -> list[dict[str, Any]]:
+    """The requests a claim had for the scheduler to write ``results``: one per request
+    name, ``exactly`` with the count of its results (and ``adminAccess`` when they carry
+    it), or for a prioritized list's ``<request>/<subrequest>`` a ``firstAvailable`` whose
+    first entry is the subrequest chosen."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        name, _, sub = str(r["request"]).partition("/")
+        known = out.get(name)
+        if sub:
+            if known is None:
+                out[name] = {"name": name, "firstAvailable": [
+                    {"name": sub, "deviceClassName": device_class}]}
+            else:
+                known["firstAvailable"][0]["count"] = \
+                    known["firstAvailable"][0].get("count", 1) + 1
+        elif known is None:
+            exactly: dict[str, Any] = {"deviceClassName": device_class}
+            if r.get("adminAccess"):
+                exactly["adminAccess"] = True
+            out[name] = {"name": name, "exactly": exactly}
+        else:
+            known["exactly"]["count"] = known["exactly"].get("count", 1) + 1
+    return list(out.values())
 
 
 def write_kubeconfig(path: Path, server: str, token: str | None = TOKEN) -> Path:

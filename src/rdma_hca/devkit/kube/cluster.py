@@ -34,6 +34,7 @@ class FakeCluster:
     resource_claims: list[dict[str, Any]] = field(default_factory=list)
     device_classes: list[dict[str, Any]] = field(default_factory=list)
     resource_claim_templates: list[dict[str, Any]] = field(default_factory=list)  # read-only
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # their labels
     forbidden: set[str] = field(default_factory=set)  # resources answered with 403
     broken: set[str] = field(default_factory=set)  # resources answered with 500
     plain_404: bool = False  # unknown paths get a text 404, as from a proxy in front

@@ -65,6 +65,7 @@ class Store:
             validation.check_slice(obj, taints_allowed=self.cluster.taints_allowed)
         if resource == "resourceclaims":
             validation.check_claim_config(obj)
+            validation.check_claim(obj, self.cluster.namespaces.get(ns, {}))
         items = self.items(resource)
         if any(o["metadata"]["name"] == meta["name"] and o["metadata"].get("namespace", "") == ns
                for o in items):

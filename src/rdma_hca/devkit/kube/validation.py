@@ -28,7 +28,11 @@ pkg/apis/resource/validation/validation.go (1.34 to 1.36 carry the same values):
 - a claim's status.devices entry names an allocated device (driver, pool, device, shareID)
   once; at most ``AllocatedDeviceStatusMaxConditions = 8`` conditions;
   ``NetworkDeviceDataMaxIPs = 16``, ``NetworkDeviceDataInterfaceNameMaxLength = 256``,
-  ``NetworkDeviceDataHardwareAddressMaxLength = 128``.
+  ``NetworkDeviceDataHardwareAddressMaxLength = 128``;
+- a claim's requests have distinct DNS label names, each with exactly one of ``exactly``
+  or ``firstAvailable`` (whose subrequests are DNS labels too); ``exactly.adminAccess``
+  only in a namespace labelled ``resource.kubernetes.io/admin-access: "true"`` (the
+  registry's ``AuthorizedForAdmin``; subrequests carry no adminAccess in v1).
 """
 
 from __future__ import annotations
@@ -283,6 +287,38 @@ def check_slice_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         before, after = _get(old["spec"], path), _get(new.get("spec") or {}, path)
         if before != after:
             raise Invalid(f"spec.{path}: Invalid value: {after!r}: field is immutable")
+
+
+ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def check_claim(obj: dict[str, Any], namespace_labels: dict[str, str]) -> None:
+    """A new ResourceClaim's requests, in a namespace with ``namespace_labels``."""
+    requests = ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []
+    seen: set[str] = set()
+    for i, r in enumerate(requests):
+        where = f"spec.devices.requests[{i}]"
+        name = r.get("name")
+        if not isinstance(name, str) or not DNS_LABEL.match(name):
+            raise Invalid(f"{where}.name: Invalid value: {name!r}: a lowercase RFC 1123 "
+                          "label must consist of lower case alphanumeric characters or '-'")
+        if name in seen:
+            raise Invalid(f"{where}.name: Duplicate value: {name!r}")
+        seen.add(name)
+        exactly, first = r.get("exactly"), r.get("firstAvailable")
+        if (exactly is None) == (first is None):
+            raise Invalid(f"{where}: Invalid value: exactly one of `exactly` or "
+                          "`firstAvailable` is required")
+        for j, sub in enumerate(first or []):
+            if not DNS_LABEL.match(str(sub.get("name") or "")):
+                raise Invalid(f"{where}.firstAvailable[{j}].name: Invalid value: "
+                              f"{sub.get('name')!r}: a lowercase RFC 1123 label must "
+                              "consist of lower case alphanumeric characters or '-'")
+        if (exactly or {}).get("adminAccess") and \
+                namespace_labels.get(ADMIN_NAMESPACE_LABEL) != "true":
+            raise Invalid(f"{where}.exactly.adminAccess: Forbidden: admin access to devices "
+                          f"requires the `{ADMIN_NAMESPACE_LABEL}: true` label on the "
+                          "containing namespace")
 
 
 def _get(obj: dict[str, Any], path: str) -> Any:
