@@ -20,6 +20,7 @@ from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.watch.flaps import FLAP_WINDOW_SECONDS
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE
+from rdma_hca.devkit.bench_footprint import FOOTPRINT_SPECS, footprint_figures
 from rdma_hca.devkit.bench_plan import (
     ALLOC_P50,
     ALLOC_P99,
@@ -155,6 +156,8 @@ class Bench:
 
     async def _run_steps(self) -> None:
         response_path = str(self.workdir / "allocate-response.bin")
+        self.say("footprint: each front end's memory and start-up, by where it goes")
+        await self.guarded(FOOTPRINT_SPECS, self.step_footprint)
         self.say("start → registered (in process)")
         await self.guarded([START_INPROC], self.step_start_inprocess)
         self.say("start → registered (rdma-hca serve processes, and bare processes)")
@@ -173,6 +176,10 @@ class Bench:
         await self.guarded(ATTACK_SPECS, self.step_attacks)
         self.say("DRA: NodePrepareResources, port down → ResourceSlice tainted")
         await self.guarded(DRA_SPECS, self.step_dra)
+
+    async def step_footprint(self) -> None:
+        for figure in await footprint_figures(self, self.plan is QUICK):
+            self.put(figure)
 
     async def step_dra(self) -> None:
         for figure in await dra_figures(self.plan is QUICK):
