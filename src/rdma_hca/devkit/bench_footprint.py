@@ -127,6 +127,7 @@ def split(doc: dict[str, Any], tls_kib: int) -> dict[str, Any]:
         "threads": status["Threads"],
         "python_threads": doc["threads"],
         "tls_contexts": tls,
+        "big_anonymous_kib": doc["big_anonymous_kib"],
         "tls_contexts_mib_each": round(tls_kib / _MIB, 2),
         "loaded_after_imports": doc["loaded_after_imports"],
     }

@@ -39,25 +39,27 @@ def _rss() -> int:
     return _status()["VmRSS"]
 
 
-def _stacks_kib() -> int:
-    """Resident KiB of thread stacks: anonymous mappings of about 8 MiB (glibc's default
-    stack, which grpc's and Python's threads use), the main thread's [stack] included."""
-    total = 0
-    size = 0
-    anon_stack = False
+def _mappings() -> list[tuple[str, int, int]]:
+    """(path, size KiB, resident KiB) of each mapping; anonymous ones have no path."""
+    out: list[tuple[str, int, int]] = []
+    path, size = "", 0
     with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
         for line in fh:
-            first = line.split(None, 6)
-            if "-" in first[0] and len(first) >= 5 and not first[0].endswith(":"):
+            first = line.split(None, 5)
+            if "-" in first[0] and not first[0].endswith(":"):
                 path = first[5].strip() if len(first) > 5 else ""
-                anon_stack = path in ("", "[stack]")
-                is_main = path == "[stack]"
-                continue
-            if first[0] == "Size:":
+            elif first[0] == "Size:":
                 size = int(first[1])
-            elif first[0] == "Rss:" and anon_stack and (is_main or 8000 <= size <= 8200):
-                total += int(first[1])
-    return total
+            elif first[0] == "Rss:":
+                out.append((path, size, int(first[1])))
+    return out
+
+
+def _stacks_kib(maps: list[tuple[str, int, int]]) -> int:
+    """Resident KiB of thread stacks: anonymous mappings of about 8 MiB (glibc's default
+    stack, which grpc's and Python's threads use), the main thread's [stack] included."""
+    return sum(rss for path, size, rss in maps
+               if path == "[stack]" or (not path and 8000 <= size <= 8200))
 
 
 def _top(names: object) -> set[str]:
@@ -177,9 +179,12 @@ def run(report: str, groups: str, serve: list[str]) -> int:
     daemon_main.settle_heap = stamped_settle
 
     def write_report(signum: int, frame: object) -> None:
+        maps = _mappings()
         doc = {
             "status_kib": _status(),
-            "stacks_kib": _stacks_kib(),
+            "stacks_kib": _stacks_kib(maps),
+            "big_anonymous_kib": sorted(((size, rss) for path, size, rss in maps
+                                         if not path and rss >= 1024), reverse=True),
             "imports_kib": rss,
             "threads": sorted(t.name for t in threading.enumerate()),
             "tls_contexts_made": made[0],
