@@ -35,7 +35,10 @@ from rdma_hca.devkit.bench_bare import READY_LINE
 from rdma_hca.devkit.bench_procs import BenchError, Child, bare_argv, free_tcp_port
 from rdma_hca.devkit.bench_report import Figure, Spec, Target, median
 
-DP_ENTRIES = ("rdma_hca.cli", "rdma_hca.daemon.main")
+# What `serve` imports, then what its start loads of its own (the health watch's inotify).
+DP_ENTRIES = ("rdma_hca.cli", "rdma_hca.daemon.main", "asyncinotify")
+# The DRA driver's modules and its Event recorder's load when the daemon is made.
+DRA_ENTRIES = ("rdma_hca.daemon.dra.driver", "rdma_hca.daemon.offer.nodeevents")
 # What the API client loads when it is built (kube.client._build_http).
 API_ENTRIES = ("httpx2", "lightkube", "lightkube.config.client_adapter", "httpcore2", "anyio", "h2",
                "truststore")
@@ -294,7 +297,7 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
     from rdma_hca.devkit.kube.apiserver import FakeApiServer
     from rdma_hca.devkit.sim.nodes import gpu_node
 
-    groups, tls_kib, _ = await import_groups((*DP_ENTRIES, *API_ENTRIES))
+    groups, tls_kib, _ = await import_groups((*DP_ENTRIES, *DRA_ENTRIES, *API_ENTRIES))
     node = gpu_node(fp.workdir / "fp-dra-node", hcas=DRA_HCAS)
     api = FakeApiServer().start()
     root = footprint_tmp()

@@ -56,10 +56,15 @@ def _mappings() -> list[tuple[str, int, int]]:
 
 
 def _stacks_kib(maps: list[tuple[str, int, int]]) -> int:
-    """Resident KiB of thread stacks: anonymous mappings of about 8 MiB (glibc's default
-    stack, which grpc's and Python's threads use), the main thread's [stack] included."""
+    """Resident KiB of thread stacks: the main thread's [stack], and anonymous mappings of
+    exactly the stack size limit (glibc's size for new threads, grpc's and Python's alike;
+    merged runs of heap arenas can come close to it, never to the page)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    stack = 8192 if soft == resource.RLIM_INFINITY else soft // 1024
     return sum(rss for path, size, rss in maps
-               if path == "[stack]" or (not path and 8000 <= size <= 8200))
+               if path == "[stack]" or (not path and stack <= size <= stack + 4))
 
 
 def _top(names: object) -> set[str]:
