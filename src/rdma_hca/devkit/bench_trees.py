@@ -344,11 +344,6 @@ async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> N
             samples = sum(len(v) for v in counters.values())
         finally:
             await scraper.stop()
-        statuses = []
-        for _ in range(SCRAPES):
-            await daemon.health.refresh_counters()
-            statuses.append(daemon.status())
-        render_times, library_times = _render_against_library(daemon, statuses)
 
         meter.reset()
         started = loop.time()
@@ -366,6 +361,14 @@ async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> N
         meter.reset()
         await asyncio.sleep(min(max(scrape_window, rediscovery_window), IDLE_MAX))
         idle_lag, idle_p99, idle_cpu = meter.worst, meter.p99, meter.loop_cpu
+        # Last: the library's families are some 60k objects, which a collection during
+        # the lag measurements above would have to walk.
+        statuses = []
+        for _ in range(SCRAPES):
+            await daemon.health.refresh_counters()
+            statuses.append(daemon.status())
+        render_times, library_times = _render_against_library(daemon, statuses)
+        del statuses
     finally:
         timer.cancel()
         await asyncio.gather(timer, return_exceptions=True)
