@@ -24,7 +24,6 @@ from rdma_hca.kit.logs import quiet_grpc_core, setup_logging
 
 quiet_grpc_core()  # before anything below loads grpc
 
-from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError  # noqa: E402
 from rdma_hca.daemon.observe.httpserver import BindError  # noqa: E402
 from rdma_hca.daemon.wiring import Daemon  # noqa: E402
 from rdma_hca.settings.model import ConfigError, Settings  # noqa: E402
@@ -77,6 +76,13 @@ def raise_fd_limit() -> tuple[int, int] | None:
     return soft, hard
 
 
+def _config_errors() -> tuple[type[Exception], ...]:
+    """ConfigError, and the DRA driver's configuration error when its modules are loaded:
+    a daemon without the driver cannot raise it and need not import them."""
+    options = sys.modules.get("rdma_hca.daemon.dra.kubeletplugin.options")
+    return (ConfigError,) if options is None else (ConfigError, options.DraConfigError)
+
+
 def serve(settings: Settings) -> int:
     """Run the daemon until SIGTERM or SIGINT; the exit status of the process."""
     setup_logging(settings.log_format.value, settings.log_level)
@@ -104,7 +110,7 @@ def serve(settings: Settings) -> int:
         except BindError as exc:
             log.error("%s", exc)
             return EXIT_USAGE
-        except (ConfigError, DraConfigError) as exc:
+        except _config_errors() as exc:
             # Found only once the node is known (e.g. an HCA both DRA and a pool select).
             log.error("config error: %s", exc)
             return EXIT_USAGE

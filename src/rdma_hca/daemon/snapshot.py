@@ -8,22 +8,24 @@ per-HCA work), so a render off the loop reads values no task can change under it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rdma_hca import __version__
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
-from rdma_hca.daemon.dra.driver import DraDriver
-from rdma_hca.daemon.fabric.listener import LldpListener
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.status import DraStatus, LldpStatus, PoolStatus, Status
-from rdma_hca.daemon.offer.nodeevents import stats as event_stats
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.kube.events import EventRecorder
+
+if TYPE_CHECKING:
+    from rdma_hca.daemon.dra.driver import DraDriver
+    from rdma_hca.daemon.fabric.listener import LldpListener
+    from rdma_hca.kube.events import EventRecorder
 
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
 
@@ -61,7 +63,7 @@ class StatusSnapshot:
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
             gpus=inv.gpus if inv is not None else (),
-            events=None if recorder is None else event_stats(recorder),
+            events=None if recorder is None else _event_counts(recorder),
             lldp=self._lldp(),
             pools=tuple(
                 PoolStatus(
@@ -117,3 +119,9 @@ class StatusSnapshot:
             listening=s.off is None, neighbours=s.neighbours,
             last_frame_age={k: max(0.0, s.now - at) for k, at in s.last_frame.items()},
             ports=s.ports, frames=s.frames, dropped=s.dropped, holds=s.holds)
+
+def _event_counts(recorder: EventRecorder) -> Mapping[str, int]:
+    # Loaded with the recorder: a daemon without Events never imports the API client.
+    from rdma_hca.daemon.offer.nodeevents import stats
+
+    return stats(recorder)

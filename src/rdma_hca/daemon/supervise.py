@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Coroutine, Iterable
 from typing import Any
-
-from rdma_hca.daemon.dra.kubeletplugin.sockets import SocketTaken
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class Supervisor:
     def _died(self, task: asyncio.Task[Any], exc: BaseException | None, how: str) -> None:
         name = task.get_name()
         self.dead.append(name)
-        if isinstance(exc, SocketTaken):
+        if _socket_taken(exc):
             # Said already, in one line naming the other instance.
             self.gave_way = str(exc)
             log.info("task %s ended: another instance serves the DRA driver; stopping", name)
@@ -76,3 +75,10 @@ class Supervisor:
     def stopping(self) -> None:
         """From now on tasks end because we end them: nothing to report."""
         self._stopping = True
+
+
+def _socket_taken(exc: BaseException | None) -> bool:
+    """Another instance took the DRA driver's socket. That module is loaded only when the
+    driver runs: a daemon without it has no socket to lose (and no need to load it)."""
+    sockets = sys.modules.get("rdma_hca.daemon.dra.kubeletplugin.sockets")
+    return sockets is not None and isinstance(exc, sockets.SocketTaken)

@@ -16,21 +16,17 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
-from rdma_hca.daemon.dra.config import DriverConfig
-from rdma_hca.daemon.dra.driver import DraDriver
-from rdma_hca.daemon.fabric.listener import LldpListener
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.daemon.offer.cdifollow import CDI_CHECK_SECONDS, CdiFollower
 from rdma_hca.daemon.offer.env import env_settings
-from rdma_hca.daemon.offer.nodeevents import NodeEvents, start_node_events
 from rdma_hca.daemon.overlaps import PoolOverlaps
 from rdma_hca.daemon.snapshot import StatusSnapshot
 from rdma_hca.daemon.supervise import Supervisor
@@ -39,10 +35,15 @@ from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.aio import cancel_all, describe, settle
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
-from rdma_hca.kube.events import EventRecorder
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.settings.model import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from rdma_hca.daemon.dra.driver import DraDriver
+    from rdma_hca.daemon.fabric.listener import LldpListener
+    from rdma_hca.daemon.offer.nodeevents import NodeEvents
+    from rdma_hca.kube.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,14 @@ class Daemon:
             flap_hold_seconds=settings.flap_hold_seconds,
             **health_kw,
         )
-        # The DRA driver, beside or instead of the device plugin pools. lightkube is
-        # imported only when it starts, so a daemon without DRA does not pay for it.
+        # The DRA driver, beside or instead of the device plugin pools. Its modules load
+        # only when it is on, and lightkube only when it starts: a daemon without DRA
+        # pays for neither.
         self.dra: DraDriver | None = None
         if settings.dra.enabled:
+            from rdma_hca.daemon.dra.config import DriverConfig
+            from rdma_hca.daemon.dra.driver import DraDriver
+
             self.dra = DraDriver(DriverConfig.from_settings(settings,
                                                             read_deadline=self.read_deadline))
         # The files the daemon owns (its CDI spec) are written off the loop, within the
@@ -100,6 +105,8 @@ class Daemon:
         # driver's attributes, the Node's label and /metrics follow ``lldp.neighbours``.
         self.lldp: LldpListener | None = None
         if settings.fabric.lldp:
+            from rdma_hca.daemon.fabric.listener import LldpListener
+
             self.lldp = LldpListener(settings.sysfs_root,
                                      hold_seconds=settings.flap_hold_seconds, files=self.files)
         self.cdi = CdiFollower(settings.cdi.spec_dir, self.health.inventories,
@@ -230,6 +237,8 @@ class Daemon:
             log.warning("Kubernetes Events are off: the node's name is not known (set "
                         "NODE_NAME; the chart does)")
             return
+        from rdma_hca.daemon.offer.nodeevents import start_node_events
+
         # Without credentials the DRA driver refuses to start, in words of its own.
         self.node_events = await start_node_events(None, node, off=self.files,
                                                    wanted=self._offered,

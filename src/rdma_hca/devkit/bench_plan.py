@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS
+from rdma_hca.devkit.bench_footprint import FOOTPRINT_SPECS
 from rdma_hca.devkit.bench_lldp import LLDP_SPECS
 from rdma_hca.devkit.bench_report import Figure, Spec, Target
 from rdma_hca.devkit.bench_trees import tree_specs
@@ -69,6 +70,6 @@ ORDER = [START_SERVE, START_INPROC, ALLOC_P50, ALLOC_P99, DOWN_MED, DOWN_MAX, DO
 
 
 def ordered(figures: dict[str, Figure], sizes: Sequence[int], missing: str) -> list[Figure]:
-    specs = [*ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS, IDLE_CPU,
-             *ATTACK_SPECS, *DRA_SPECS, *LLDP_SPECS]
+    specs = [*FOOTPRINT_SPECS, *ORDER, *(s for n in sizes for s in tree_specs(n)), IDLE_RSS,
+             IDLE_CPU, *ATTACK_SPECS, *DRA_SPECS, *LLDP_SPECS]
     return [figures.get(s.key) or s.failed(missing) for s in specs]

@@ -96,8 +96,10 @@ class Child:
     """One child process; ``stop`` is safe to call any number of times."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: str,
-                 *, ready_line: str | None = None) -> None:
+                 *, ready_line: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
+        self.env = env
         self.argv = list(argv)
         self.log_path = log_path
         self.ready_line = ready_line
@@ -118,7 +120,7 @@ class Child:
         stdout = asyncio.subprocess.PIPE if self.ready_line else self._log
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=self._log,
-            env=child_env(),
+            env=child_env(self.env),
         )
 
     async def wait_ready(self, timeout: float) -> None:

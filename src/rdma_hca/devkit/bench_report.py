@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_hca.devkit.bench_notes import NOTES
 from rdma_hca.kit.text import markdown_table, text_table
 
 JSON_VERSION = 1
@@ -212,6 +213,7 @@ def render_markdown(report: Report) -> str:
                   + (f" ({f.ratio:.2f}× baseline)" if f.ratio is not None else "")
                   + f", target {f.target.text(f.unit) if f.target else ''}" for f in misses]
         lines.append("")
+    lines.append(NOTES)
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from rdma_hca.daemon.deviceplugin.registration import socket_name
 from rdma_hca.daemon.watch.flaps import FLAP_WINDOW_SECONDS
 from rdma_hca.devkit.bench_attacks import ATTACK_SPECS, attack_figures
 from rdma_hca.devkit.bench_bare import READY_LINE
+from rdma_hca.devkit.bench_footprint import FOOTPRINT_SPECS, footprint_figures
 from rdma_hca.devkit.bench_lldp import LLDP_SPECS, lldp_figures
 from rdma_hca.devkit.bench_plan import (
     ALLOC_P50,
@@ -156,6 +157,8 @@ class Bench:
 
     async def _run_steps(self) -> None:
         response_path = str(self.workdir / "allocate-response.bin")
+        self.say("footprint: each front end's memory and start-up, by where it goes")
+        await self.guarded(FOOTPRINT_SPECS, self.step_footprint)
         self.say("start → registered (in process)")
         await self.guarded([START_INPROC], self.step_start_inprocess)
         self.say("start → registered (rdma-hca serve processes, and bare processes)")
@@ -179,6 +182,10 @@ class Bench:
 
     async def step_lldp(self) -> None:
         for figure in await lldp_figures(self.plan is QUICK):
+            self.put(figure)
+
+    async def step_footprint(self) -> None:
+        for figure in await footprint_figures(self, self.plan is QUICK):
             self.put(figure)
 
     async def step_dra(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
@@ -77,6 +76,8 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *,
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice most like ``word`` (a likely typo of it), or None when none is close."""
+    import difflib  # only on the way to an error message: a running daemon never needs it
+
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
     return found[0] if found else None
 

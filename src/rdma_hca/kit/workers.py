@@ -6,7 +6,7 @@ exit. A thread that answered is kept for the next call (a poll every half second
 otherwise start a thread each time, which is most of an idle daemon's CPU, and starting
 one waits until it runs). A thread stuck in a call never comes back, so the next call
 starts a fresh one: a stuck call costs one thread. When the stuck call returns at last,
-its thread rejoins the pool.
+its thread rejoins the pool, or ends when enough others wait idle.
 
 Every thread of the daemon is one of these: calls that can hang on the machine or a
 filesystem go through ``kit.offloop`` (a deadline, one stuck call per key), work that
@@ -27,6 +27,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 IDLE_NAME = "rdma-hca-idle"
+# Idle threads kept for the next calls: the health poll's, a scrape's and a file write's
+# may overlap. A thread that finishes when as many wait already ends, so the pool is no
+# larger than the work of the moment (a burst of calls at start no longer leaves its
+# threads, each a stack and a malloc arena, behind for the life of the process).
+KEEP_IDLE = 2
 
 _Job = tuple[Callable[[], None], str, "Callable[[], None] | None"]
 
@@ -36,7 +41,8 @@ class NoThread(RuntimeError):
 
 
 class Workers:
-    def __init__(self) -> None:
+    def __init__(self, keep_idle: int = KEEP_IDLE) -> None:
+        self.keep_idle = keep_idle
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[_Job]] = []
 
@@ -81,9 +87,13 @@ class Workers:
             target()
             me.name = IDLE_NAME  # named after its job only while it works on it
             with self._lock:
-                self._idle.append(inbox)
+                keep = len(self._idle) < self.keep_idle
+                if keep:
+                    self._idle.append(inbox)
             if then is not None:
                 then()
+            if not keep:
+                return
 
 
 def _answer(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[T],

@@ -36,6 +36,7 @@ import logging
 import os
 import random
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -97,6 +98,46 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
         raise KubeconfigError(f"{creds.source}: {exc}") from exc
 
 
+class _Transports:
+    """The HTTP clients of one process, one per event loop and credentials: every API client
+    on them shares one TLS context (with its trust store, over a MiB each) and one pool of
+    connections. The last user to close one closes it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[tuple[int, str], list[Any]] = {}  # key -> [client, users]
+
+    def take(self, loop: int, creds: Credentials, timeout: float) -> tuple[Any, tuple[int, str]]:
+        key = (loop, json.dumps([creds.kubeconfig, str(creds.base), creds.proxy],
+                                sort_keys=True, default=str))
+        with self._lock:
+            held = self._open.get(key)
+            if held is None:
+                held = self._open[key] = [_build_http(creds, timeout), 0]
+            held[1] += 1
+            return held[0], key
+
+    def give_back(self, key: tuple[int, str]) -> Any | None:
+        """The client to close when this was its last user, else None."""
+        with self._lock:
+            held = self._open[key]
+            held[1] -= 1
+            if held[1] > 0:
+                return None
+            del self._open[key]
+            return held[0]
+
+
+_TRANSPORTS = _Transports()
+
+
+def _exchange_timeout(seconds: float) -> Any:
+    """Each client's own, on a shared HTTP client built with another's."""
+    import httpx2
+
+    return httpx2.Timeout(seconds)
+
+
 async def off_loop(off: OffLoop | None, what: str, fn: Callable[[], T]) -> T:
     """``fn()`` off the event loop: on ``off`` within its deadline, else on a thread."""
     if off is None:
@@ -121,10 +162,18 @@ class ApiClient:
 
     def __init__(self, creds: Credentials, policy: ClientPolicy | None = None, *,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, loop: int | None = None) -> None:
+        """``loop``: the id of the event loop the client will run on; clients given one
+        share their HTTP client with the others of that loop on the same credentials."""
         self.creds = creds
         self.policy = policy or ClientPolicy()
-        self._http = _build_http(creds, self.policy.timeout)
+        self._shared: tuple[int, str] | None = None
+        if loop is None:
+            self._http = _build_http(creds, self.policy.timeout)
+        else:
+            self._http, self._shared = _TRANSPORTS.take(loop, creds, self.policy.timeout)
+        self._timeout = _exchange_timeout(self.policy.timeout)
+        self._closed = False
         self._clock = clock
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -141,14 +190,23 @@ class ApiClient:
                       off: OffLoop | None = None, **kw: Any) -> ApiClient:
         """Build the client off the event loop (it reads certificate files); with ``off``
         (the daemon's), within its deadline, so a hung filesystem cannot hold a stop."""
+        loop = id(asyncio.get_running_loop())
         return await off_loop(off, "reading the API server's certificates",
-                              lambda: cls(creds, policy, **kw))
+                              lambda: cls(creds, policy, loop=loop, **kw))
 
     @property
     def server(self) -> str:
         return self.creds.server
 
     async def close(self) -> None:
+        if self._shared is not None:
+            if self._closed:
+                return  # its share is given back already
+            self._closed = True
+            http = _TRANSPORTS.give_back(self._shared)
+            if http is not None:
+                await http.aclose()
+            return
         await self._http.aclose()
 
     async def get(self, path: str, params: Mapping[str, str] | None = None, *,
@@ -227,7 +285,7 @@ class ApiClient:
             try:
                 resp = await asyncio.wait_for(
                     self._http.request(method, path, content=content, params=params,
-                                       headers=headers),
+                                       headers=headers, timeout=self._timeout),
                     limit)
             except BaseException:
                 self.tally.sent(method, path, None, params, content_type)

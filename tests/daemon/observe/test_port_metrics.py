@@ -191,6 +191,19 @@ def test_the_text_is_kept_until_an_input_is_replaced() -> None:
     assert b'rdma_hca_port_state_changes_total{hca="mlx5_1",port="1"} 1.0' in moved
 
 
+def test_a_kept_layout_writes_what_the_library_writes_as_counters_come_and_go() -> None:
+    # The layout is made once per inventory; counters read later may name hw counters it
+    # has not met yet, or drop some: each text must still be the library's.
+    hcas = (hca("mlx5_0"), hca("mlx5_1"))
+    kept = PortText()
+    for counters in ({("mlx5_0", 1): {"port_rcv_data": 1}},
+                     {("mlx5_0", 1): {"port_rcv_data": 2, HW_PREFIX + "np_cnp_sent": 3},
+                      ("mlx5_1", 1): {HW_PREFIX + "out_of_buffer": 4, "symbol_error": 5}},
+                     {("mlx5_1", 1): {HW_PREFIX + "out_of_buffer": 6}}):
+        text = kept.get(hcas, counters, {}).decode()
+        assert text == reference(hcas, counters, {})
+
+
 def test_render_places_the_port_families_between_the_others() -> None:
     status = Status(version="1", hcas=(hca("mlx5_0"),), ipv6_ready=True)
     text = render(status, ports=PortText()).decode()

@@ -115,62 +115,107 @@ def _info_lines(h: Hca, hca: str) -> Iterator[str]:
                    f'{tail}port="{p.number}"}} 1.0\n')
 
 
-def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes) -> str:
-    """Exposition text of every per-port family, in the order /metrics shows them."""
-    info = [_head(INFO, INFO_DOC, "gauge")]
-    up = [_head("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp", "gauge")]
-    state = [_head("rdma_hca_port_state", "1 for the port's current state", "gauge")]
-    rate = [_head("rdma_hca_port_rate_bytes_per_second", "Port rate in bytes per second",
-                  "gauge")]
-    changed = [_head("rdma_hca_port_state_changes_total",
-                     "Up/down transitions of the port seen by the daemon", "counter")]
-    per_counter = {name: [_head(metric, f"Port counter {name} from sysfs", "counter")]
-                   for name, (metric, _) in COUNTERS.items()}
-    hw = [_head(HW_COUNTERS, HW_DOC, "counter")]
-    escaped: dict[str, str] = {}  # hw counter names repeat on every port: escaped once
-    skip = len(HW_PREFIX)
-    for h in hcas:
-        hca = escapego_float(h.name)
-        info.extend(_info_lines(h, hca))
-        for p in h.ports:
-            key = (h.name, p.number)
-            # Labels in name order, as prometheus_client writes them.
-            labels = f'hca="{hca}",port="{p.number}"'
-            up.append(f'rdma_hca_port_up{{hca="{hca}",link_layer="'
-                      f'{escapego_float(p.link_layer.value)}",port="{p.number}"}} '
-                      f'{"1.0" if p.is_up else "0.0"}\n')
-            known = p.state if p.state in PORT_STATES else "UNKNOWN"
-            state.extend(f'rdma_hca_port_state{{{labels},state="{st}"}} '
-                         f'{"1.0" if known == st else "0.0"}\n' for st in PORT_STATES)
-            if p.rate_gbps is not None:
-                rate.append(f"rdma_hca_port_rate_bytes_per_second{{{labels}}} "
-                            f"{go_float(p.rate_gbps * BYTES_PER_GBIT)}\n")
-            changed.append(f"rdma_hca_port_state_changes_total{{{labels}}} "
-                           f"{_count(changes.get(key, 0))}\n")
+class Layout:
+    """What of the port text depends on the HCAs alone, made once per inventory: the info,
+    up, state and rate families whole, and each sample's name and labels ready for its
+    value. Counters are read every few seconds, the inventory changes rarely: a scrape
+    after a counter refresh then only formats numbers."""
+
+    def __init__(self, hcas: Iterable[Hca]) -> None:
+        info = [_head(INFO, INFO_DOC, "gauge")]
+        up = [_head("rdma_hca_port_up", "1 when the port is ACTIVE and LinkUp", "gauge")]
+        state = [_head("rdma_hca_port_state", "1 for the port's current state", "gauge")]
+        rate = [_head("rdma_hca_port_rate_bytes_per_second", "Port rate in bytes per second",
+                      "gauge")]
+        # (port key, its labels) in output order, and the prefixes of its samples.
+        self.ports: list[tuple[tuple[str, int], str]] = []
+        self.changed: list[tuple[tuple[str, int], str]] = []
+        self.counters: dict[str, list[tuple[tuple[str, int], str]]] = {
+            name: [] for name in COUNTERS}
+        for h in hcas:
+            hca = escapego_float(h.name)
+            info.extend(_info_lines(h, hca))
+            for p in h.ports:
+                key = (h.name, p.number)
+                # Labels in name order, as prometheus_client writes them.
+                labels = f'hca="{hca}",port="{p.number}"'
+                self.ports.append((key, labels))
+                up.append(f'rdma_hca_port_up{{hca="{hca}",link_layer="'
+                          f'{escapego_float(p.link_layer.value)}",port="{p.number}"}} '
+                          f'{"1.0" if p.is_up else "0.0"}\n')
+                known = p.state if p.state in PORT_STATES else "UNKNOWN"
+                state.extend(f'rdma_hca_port_state{{{labels},state="{st}"}} '
+                             f'{"1.0" if known == st else "0.0"}\n' for st in PORT_STATES)
+                if p.rate_gbps is not None:
+                    rate.append(f"rdma_hca_port_rate_bytes_per_second{{{labels}}} "
+                                f"{go_float(p.rate_gbps * BYTES_PER_GBIT)}\n")
+                self.changed.append((key, f"rdma_hca_port_state_changes_total{{{labels}}} "))
+                for name, (metric, _) in COUNTERS.items():
+                    self.counters[name].append((key, f"{metric}{{{labels}}} "))
+        self.fixed = "".join([*info, *up, *state, *rate])
+        # A driver's hw counter names are known only from what is read: their prefixes
+        # are made as met, at most one per port and name, and go with the layout.
+        self._hw: dict[tuple[str, int], dict[str, str]] = {key: {} for key, _ in self.ports}
+        self._labels = dict(self.ports)
+
+    def hw_prefixes(self, key: tuple[str, int]) -> dict[str, str]:
+        """The port's prefixes by counter name as met so far ("" for a name that is not a
+        hw counter); :meth:`hw_prefix` adds one."""
+        return self._hw[key]
+
+    def hw_prefix(self, key: tuple[str, int], name: str) -> str:
+        prefix = ""
+        if name.startswith(HW_PREFIX):
+            label = escapego_float(name[len(HW_PREFIX):])
+            prefix = f'{HW_COUNTERS}{{counter="{label}",{self._labels[key]}}} '
+        self._hw[key][name] = prefix
+        return prefix
+
+
+_CHANGED_HEAD = _head("rdma_hca_port_state_changes_total",
+                      "Up/down transitions of the port seen by the daemon", "counter")
+_COUNTER_HEADS = {name: _head(metric, f"Port counter {name} from sysfs", "counter")
+                  for name, (metric, _) in COUNTERS.items()}
+_HW_HEAD = _head(HW_COUNTERS, HW_DOC, "counter")
+
+
+def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes,
+              layout: Layout | None = None) -> str:
+    """Exposition text of every per-port family, in the order /metrics shows them;
+    ``layout`` must be that of ``hcas`` (made here when not given)."""
+    lay = layout or Layout(hcas)
+    out = [lay.fixed, _CHANGED_HEAD]
+    out.extend(f"{prefix}{_count(changes.get(key, 0))}\n" for key, prefix in lay.changed)
+    for name, (_, scale) in COUNTERS.items():
+        out.append(_COUNTER_HEADS[name])
+        for key, prefix in lay.counters[name]:
             values = counters.get(key)
-            if values:
-                for name, (metric, scale) in COUNTERS.items():
-                    if name in values:
-                        per_counter[name].append(
-                            f"{metric}{{{labels}}} {_count(values[name] * scale)}\n")
-                for name, value in values.items():
-                    if not name.startswith(HW_PREFIX):
-                        continue
-                    label = escaped.get(name)
-                    if label is None:
-                        label = escaped[name] = escapego_float(name[skip:])
-                    hw.append(f'{HW_COUNTERS}{{counter="{label}",{labels}}} {_count(value)}\n')
-    return "".join([*info, *up, *state, *rate, *changed,
-                    *(line for lines in per_counter.values() for line in lines), *hw])
+            if values and name in values:
+                out.append(f"{prefix}{_count(values[name] * scale)}\n")
+    out.append(_HW_HEAD)
+    for key, _ in lay.ports:
+        values = counters.get(key)
+        if not values:
+            continue
+        prefixes = lay.hw_prefixes(key)
+        for name, value in values.items():
+            hw = prefixes.get(name)
+            if hw is None:
+                hw = lay.hw_prefix(key, name)
+            if hw:
+                out.append(f"{hw}{_count(value)}\n")
+    return "".join(out)
 
 
 class PortText:
-    """The last port text and the three objects it was made from."""
+    """The last port text and the three objects it was made from, and the layout of the
+    last inventory."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made_from: tuple[object, object, object] | None = None
         self._text = b""
+        self._layout: tuple[object, Layout] | None = None
 
     def get(self, hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> bytes:
         """The text for these inputs; made again only when one of them is another object."""
@@ -179,9 +224,16 @@ class PortText:
             if (made is not None and made[0] is hcas and made[1] is counters
                     and made[2] is changes):
                 return self._text
+            kept = self._layout
         # Outside the lock: two scrapes at once both render, which is only slower, while
         # a scrape waiting on another's render would be slower still.
-        text = port_text(hcas, counters, changes).encode("utf-8")
+        if kept is not None and kept[0] is hcas:
+            layout = kept[1]
+        else:
+            layout = Layout(hcas)
+            with self._lock:
+                self._layout = (hcas, layout)
+        text = port_text(hcas, counters, changes, layout).encode("utf-8")
         with self._lock:
             self._made_from, self._text = (hcas, counters, changes), text
         return text

@@ -1,0 +1,362 @@
+"""Footprint figures for ``make bench``: each front end's memory after start and after a burst,
+split by where it goes, and its start-up split into phases, against the bare floor.
+
+Each front end (the device plugin with default settings; the DRA driver alone, on a 13-HCA
+node, against the devkit's fake API server over HTTP) runs as ``rdma-hca serve`` inside
+``bench_footprint_child``, which first imports what that front end loads one package at a
+time (in the order the command itself loads them), noting VmRSS after each; what a package
+costs is its growth there. After registration and again after a burst (2000 Allocates over
+10 connections; 100 NodePrepareResources and NodeUnprepareResources of fresh claims, 10 at
+once) the child reports its VmRSS: the imports, the anonymous memory that is not a thread
+stack (the heap: objects, caches, buffers), thread stacks, and the TLS contexts it made
+(each priced by what one costs in a fresh interpreter).
+
+The bare floor is ``bench_bare``: a process that imports grpc and serves one unix socket,
+started, asked one Allocate and measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
+from rdma_hca.devkit.bench_bare import READY_LINE
+from rdma_hca.devkit.bench_procs import BenchError, Child, bare_argv, free_tcp_port
+from rdma_hca.devkit.bench_report import Figure, Spec, Target, median
+
+# What `serve` imports, then what its start loads of its own (the health watch's inotify).
+DP_ENTRIES = ("rdma_hca.cli", "rdma_hca.daemon.main", "asyncinotify")
+# The DRA driver's modules and its Event recorder's load when the daemon is made.
+DRA_ENTRIES = ("rdma_hca.daemon.dra.driver", "rdma_hca.daemon.offer.nodeevents")
+# What the API client loads when it is built (kube.client._build_http).
+API_ENTRIES = ("httpx2", "lightkube", "lightkube.config.client_adapter", "httpcore2", "anyio", "h2",
+               "truststore")
+DRA_HCAS = 13
+DRIVER = "rdma-hca.io"
+NODE = "bench-node"
+REPORT_TIMEOUT = 10.0
+_MIB = 1024.0
+
+FP_DP_START = Spec("fp_dp_rss_start_mib", "device plugin RSS after start", "MiB",
+                   Target(1.15, on_ratio=True), "bare grpc.aio process")
+FP_DP_BURST = Spec("fp_dp_rss_burst_mib", "device plugin RSS after 2000 Allocates", "MiB",
+                   baseline_label="the same, after start")
+FP_DRA_START = Spec("fp_dra_rss_start_mib", f"DRA driver alone RSS after start, {DRA_HCAS} HCAs",
+                    "MiB", Target(50.0), "bare grpc.aio process")
+FP_DRA_BURST = Spec("fp_dra_rss_burst_mib", "DRA driver alone RSS after 100 prepares", "MiB",
+                    baseline_label="the same, after start")
+FP_DP_UP = Spec("fp_dp_start_ms", "start → registered, device plugin (median, phases in note)",
+                "ms", Target(2.5, on_ratio=True), "bare process start → serving")
+FP_DRA_UP = Spec("fp_dra_start_ms", "start → registered, DRA driver alone (median)", "ms",
+                 Target(2.5, on_ratio=True), "bare process start → serving")
+FOOTPRINT_SPECS = [FP_DP_START, FP_DP_BURST, FP_DRA_START, FP_DRA_BURST, FP_DP_UP, FP_DRA_UP]
+
+
+def _child_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rdma_hca.devkit.bench_footprint_child", *args]
+
+
+async def import_groups(entries: Sequence[str]) -> tuple[str, int, str]:
+    """(GROUPS for the run child, KiB of one TLS context, how it was made)."""
+    proc = await asyncio.create_subprocess_exec(
+        *_child_argv("order", *entries), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise BenchError(f"listing the imports of {', '.join(entries)} failed: "
+                         f"{err.decode(errors='replace')[-500:]}")
+    doc = json.loads(out)
+    merged: list[tuple[str, list[str]]] = []
+    for label, mods in doc["groups"]:
+        # Cython's runtime modules belong with the extension that loaded them.
+        if merged and (label.startswith("_") or label == "cython_runtime"):
+            merged[-1][1].extend(mods)
+        else:
+            merged.append((label, list(mods)))
+    groups = ";".join(f"{label}={','.join(mods)}" for label, mods in merged)
+    return groups, int(doc["tls_context_kib"]), str(doc["tls_kind"])
+
+
+class Measured:
+    """One front end running in the footprint child, its reports taken on request."""
+
+    def __init__(self, child: Child, report: Path, spawned: float) -> None:
+        self.child = child
+        self.report = report
+        self.spawned = spawned
+
+    async def take(self) -> dict[str, Any]:
+        self.report.unlink(missing_ok=True)
+        os.kill(self.child.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + REPORT_TIMEOUT
+        while not self.report.exists():
+            if time.monotonic() > deadline or self.child.exited():
+                raise BenchError(f"{self.child.name} wrote no report{self.child.log_tail()}")
+            await asyncio.sleep(0.02)
+        doc: dict[str, Any] = json.loads(self.report.read_text())
+        return doc
+
+
+def split(doc: dict[str, Any], tls_kib: int) -> dict[str, Any]:
+    """Where VmRSS goes, in MiB."""
+    status = doc["status_kib"]
+    steps = doc["imports_kib"]
+    imports = {label: round((kib - steps[i - 1][1]) / _MIB, 2)
+               for i, (label, kib) in enumerate(steps) if i > 0}
+    imported = steps[-1][1]
+    stacks = doc["stacks_kib"]
+    tls = doc["tls_contexts_made"]
+    return {
+        "rss": round(status["VmRSS"] / _MIB, 2),
+        "interpreter": round(steps[0][1] / _MIB, 2),
+        "imports": imports,
+        "after_imports": round(imported / _MIB, 2),
+        "since_imports": round((status["VmRSS"] - imported) / _MIB, 2),
+        "anon": round(status["RssAnon"] / _MIB, 2),
+        "file": round(status["RssFile"] / _MIB, 2),
+        "heap": round((status["RssAnon"] - stacks) / _MIB, 2),
+        "thread_stacks": round(stacks / _MIB, 2),
+        "threads": status["Threads"],
+        "python_threads": doc["threads"],
+        "tls_contexts": tls,
+        "big_anonymous_kib": doc["big_anonymous_kib"],
+        "tls_contexts_mib_each": round(tls_kib / _MIB, 2),
+        "loaded_after_imports": doc["loaded_after_imports"],
+    }
+
+
+def split_text(s: dict[str, Any]) -> str:
+    biggest = sorted(s["imports"].items(), key=lambda kv: -kv[1])
+    imports = ", ".join(f"{k} {v:.1f}" for k, v in biggest if v >= 0.05)
+    return (f"interpreter {s['interpreter']:.1f} MiB; imports {imports} (MiB, each measured as "
+            f"it loads, in the order the command loads them); since the imports "
+            f"{s['since_imports']:.1f} MiB; of VmRSS, anonymous {s['anon']:.1f} (heap "
+            f"{s['heap']:.1f}, thread stacks {s['thread_stacks']:.1f} for {s['threads']} "
+            f"threads) and file-backed {s['file']:.1f}; {s['tls_contexts']} TLS context(s) "
+            f"made, {s['tls_contexts_mib_each']:.1f} MiB each in a fresh interpreter; "
+            f"loaded after the imports: {', '.join(s['loaded_after_imports']) or 'nothing'}")
+
+
+def phases(doc: dict[str, Any], spawned: float, registered: float) -> dict[str, float]:
+    marks = doc["marks"]
+    return {
+        "interpreter_ms": round((marks["main"] - spawned) * 1000, 1),
+        "imports_ms": round((marks["imports"] - marks["main"]) * 1000, 1),
+        "to_sysfs_read_ms": round((marks.get("sysfs", marks["imports"]) - marks["imports"])
+                                  * 1000, 1),
+        "to_registered_ms": round((registered - marks.get("sysfs", marks["imports"])) * 1000,
+                                  1),
+    }
+
+
+def phases_text(p: dict[str, float]) -> str:
+    return (f"interpreter {p['interpreter_ms']:.0f} ms, imports {p['imports_ms']:.0f} ms "
+            f"(measured one package at a time), first sysfs read done "
+            f"{p['to_sysfs_read_ms']:.0f} ms later (the daemon's own remaining imports "
+            f"included), registered {p['to_registered_ms']:.0f} ms after that")
+
+
+class Footprint:
+    """The footprint step of one run: needs the run's node, emulator and work directory."""
+
+    def __init__(self, workdir: Path, runs: int, spawn: Callable[[Child], Awaitable[Child]],
+                 stop: Callable[[Child], Awaitable[None]]) -> None:
+        self.workdir = workdir
+        self.runs = runs
+        self.spawn = spawn
+        self.stop = stop
+        self.details: dict[str, Any] = {}
+
+    async def bare(self) -> tuple[float, list[float]]:
+        """The bare floor: RSS (MiB) after one Allocate, and start-up times (ms)."""
+        response = self.workdir / "fp-response.bin"
+        response.write_bytes(api_pb2.AllocateResponse().SerializeToString())
+        times: list[float] = []
+        rss = 0.0
+        for run in range(self.runs):
+            sock = str(self.workdir / f"fp-bare{run}.sock")
+            child = Child("bare server (footprint)", bare_argv(sock, str(response)),
+                          str(self.workdir / f"fp-bare{run}.log"), ready_line=READY_LINE)
+            started = time.perf_counter()
+            await self.spawn(child)
+            await child.wait_ready(30.0)
+            times.append((time.perf_counter() - started) * 1000)
+            if run == 0:
+                async with grpc.aio.insecure_channel("unix://" + sock) as ch:
+                    await api_pb2_grpc.DevicePluginStub(ch).Allocate(
+                        api_pb2.AllocateRequest())
+                from rdma_hca.devkit.bench_procs import sample_process
+
+                rss = sample_process(child.pid).rss_kib / _MIB
+            await self.stop(child)
+        return rss, times
+
+    async def start(self, tag: str, groups: str, serve: Sequence[str],
+                    env: dict[str, str] | None,
+                    registered: Callable[[], Awaitable[None]]) -> tuple[Measured, float]:
+        report = self.workdir / f"fp-{tag}.json"
+        argv = _child_argv("run", str(report), groups, "--", "serve", *serve)
+        child = Child(f"rdma-hca serve ({tag}, footprint)", argv,
+                      str(self.workdir / f"fp-{tag}.log"), env=env)
+        spawned = time.time()
+        started = time.perf_counter()
+        await self.spawn(child)
+        await child.race(registered(), "waiting for it to register")
+        took = time.perf_counter() - started
+        return Measured(child, report, spawned), took
+
+
+def figures(fronts: dict[str, dict[str, Any]], bare_rss: float,
+            bare_start: list[float]) -> list[Figure]:
+    out: list[Figure] = []
+    floor = median(bare_start)
+    for key, start_spec, burst_spec, up_spec in (
+            ("dp", FP_DP_START, FP_DP_BURST, FP_DP_UP),
+            ("dra", FP_DRA_START, FP_DRA_BURST, FP_DRA_UP)):
+        got = fronts.get(key)
+        if got is None:
+            continue
+        first, after = got["start"], got["burst"]
+        out.append(start_spec.figure(first["rss"], bare_rss, note=split_text(first)))
+        out.append(burst_spec.figure(after["rss"], first["rss"], note=split_text(after)))
+        out.append(up_spec.figure(median(got["start_ms"]), floor,
+                                  note=f"median of {len(got['start_ms'])}, from spawning "
+                                       "to registered; the first run's phases: "
+                                       + phases_text(got["phases"])))
+    return out
+
+
+def footprint_tmp() -> Path:
+    return Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))
+
+
+async def _allocate_burst(sock: str, calls: int, connections: int) -> None:
+    from rdma_hca.daemon.deviceplugin.pool import shared_ids
+
+    ids = shared_ids(1000)
+
+    async def one(n: int) -> None:
+        async with grpc.aio.insecure_channel("unix://" + sock,
+                                             options=[("grpc.enable_http_proxy", 0)]) as ch:
+            stub = api_pb2_grpc.DevicePluginStub(ch)
+            for i in range(calls // connections):
+                await stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=[ids[(n + i) % 1000]])]))
+
+    await asyncio.gather(*(one(n) for n in range(connections)))
+
+
+async def device_plugin(fp: Footprint, bench: Any, quick: bool) -> dict[str, Any]:
+    """The device plugin with default settings on the run's node and kubelet emulator."""
+    from rdma_hca.daemon.deviceplugin.registration import socket_name
+    from rdma_hca.devkit.bench_procs import serve_argv
+
+    groups, tls_kib, _ = await import_groups(DP_ENTRIES)
+    serve = serve_argv(str(bench.node.sysfs_root), str(bench.node.dev_root),
+                       str(bench.plugin_dir), f"127.0.0.1:{free_tcp_port()}")[4:]
+    times: list[float] = []
+    got: dict[str, Any] = {}
+    for run in range(fp.runs):
+        before = bench.kubelet.registrations("rdma/hca")
+
+        async def registered(before: int = before) -> None:
+            await bench.kubelet.wait_for(bench._registered_after(before), 30.0)
+
+        measured, took = await fp.start(f"dp{run}", groups, serve, None, registered)
+        times.append(took * 1000)
+        if run == 0:
+            doc = await measured.take()
+            got["start"] = split(doc, tls_kib)
+            got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
+            sock = str(bench.plugin_dir / socket_name("rdma/hca"))
+            await measured.child.race(_allocate_burst(sock, 400 if quick else 2000, 10),
+                                      "answering the Allocate burst")
+            got["burst"] = split(await measured.take(), tls_kib)
+        await fp.stop(measured.child)
+    got["start_ms"] = times
+    return got
+
+
+async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
+    """The DRA driver alone on a 13-HCA node, against the fake API server and the DRA
+    kubelet emulator."""
+    import shutil
+
+    from rdma_hca.devkit.dra.kubelet import DraKubelet
+    from rdma_hca.devkit.kube.apiserver import FakeApiServer
+    from rdma_hca.devkit.sim.nodes import gpu_node
+
+    groups, tls_kib, _ = await import_groups((*DP_ENTRIES, *DRA_ENTRIES, *API_ENTRIES))
+    node = gpu_node(fp.workdir / "fp-dra-node", hcas=DRA_HCAS)
+    api = FakeApiServer().start()
+    root = footprint_tmp()
+    got: dict[str, Any] = {}
+    times: list[float] = []
+    try:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(fp.workdir / "fp-kubeconfig")
+        env = {"KUBECONFIG": str(kubeconfig), "NODE_NAME": NODE}
+        serve = ["--dra", "--no-device-plugin", "--sysfs-root", str(node.sysfs_root),
+                 "--dev-root", str(node.dev_root), "--kubelet-root", str(root),
+                 "--metrics-address", f"127.0.0.1:{free_tcp_port()}",
+                 "--dra-start-jitter-seconds", "0"]
+        for run in range(fp.runs):
+            kubelet = DraKubelet(str(root), NODE)
+            await kubelet.start()
+            try:
+                async def registered(k: DraKubelet = kubelet) -> None:
+                    if not await k.wait_registered(DRIVER, 1, 30.0):
+                        raise BenchError("the DRA driver did not register")
+
+                measured, took = await fp.start(f"dra{run}", groups, serve, env, registered)
+                times.append(took * 1000)
+                if run == 0:
+                    doc = await measured.take()
+                    got["start"] = split(doc, tls_kib)
+                    got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
+                    await measured.child.race(_prepare_burst(api, kubelet,
+                                                             20 if quick else 100, 10),
+                                              "answering the prepare burst")
+                    got["burst"] = split(await measured.take(), tls_kib)
+                await fp.stop(measured.child)
+            finally:
+                await kubelet.stop()
+    finally:
+        api.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    got["start_ms"] = times
+    return got
+
+
+async def _prepare_burst(api: Any, kubelet: Any, claims: int, at_once: int) -> None:
+    async def one(i: int) -> None:
+        uid = api.add_claim("bench", f"fp{i}", [
+            {"request": "hca", "driver": DRIVER, "pool": NODE, "device": f"mlx5-{i % DRA_HCAS}"}])
+        resp = await kubelet.prepare(DRIVER, [("bench", uid, f"fp{i}")])
+        if resp.claims[uid].error:
+            raise BenchError(f"prepare failed: {resp.claims[uid].error}")
+        await kubelet.unprepare(DRIVER, [("bench", uid, f"fp{i}")])
+
+    for first in range(0, claims, at_once):
+        await asyncio.gather(*(one(i) for i in range(first, min(claims, first + at_once))))
+
+
+async def footprint_figures(bench: Any, quick: bool) -> list[Figure]:
+    """Every footprint figure of the run; ``bench`` is the run's Bench (node, emulator)."""
+    fp = Footprint(bench.workdir, 2 if quick else 3, bench.spawn, bench.stop_child)
+    bare_rss, bare_start = await fp.bare()
+    fronts = {"dp": await device_plugin(fp, bench, quick), "dra": await dra_alone(fp, quick)}
+    bench.details["footprint"] = {"bare_rss_mib": round(bare_rss, 2),
+                                  "bare_start_ms": bare_start, **fronts}
+    return figures(fronts, bare_rss, bare_start)

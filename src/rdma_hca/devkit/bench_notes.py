@@ -1,0 +1,42 @@
+"""What profiling found, written into ``BENCHMARKS.md`` under the figures: where a Prepare's
+time goes beside the bare servicer's, and where the front ends' memory goes. The figures
+themselves come from each run; this says what they are made of and what is left."""
+
+NOTES = """\
+## Where the time and memory go
+
+**One Prepare against the bare servicer** (cProfile over 100 fresh claims, default settings,
+POD_UID set, and a count of the calls run off the event loop, by key and caller). Both do the
+same I/O: one claim GET, one CDI spec and one checkpoint written with fsync and rename. The
+bare servicer hops to a worker thread once, for both writes. The driver hops six times:
+
+1. `kubeletplugin/serialize.py` `_lock_across_instances`: the claim's record lock in
+   `claims.lock`;
+2. `prepare.py` `_prepare_one`: the checkpoint read again under that lock (another instance
+   may have prepared the claim);
+3. `prepare.py` `_prepare_one`: the CDI spec, written and fsynced on a hop of its own;
+4. `groupcommit.py` `_write`: the checkpoint, written and fsynced;
+5. `kubeletplugin/serialize.py` `held`: the record lock released;
+6. `follow.py` `look`: the checkpoint follower reading back the file the driver has just
+   written (woken by its own rename).
+
+Each hop is a thread hand-off and a wake of the event loop (0.3 to 0.7 ms each when the
+machine is busy), and the profile shows 56 turns of the loop per Prepare against 24 for
+the bare servicer. What the bare servicer does not do: hops 1 and 2 could be one hop, and
+so could 3, 4 and 5 (the CDI spec and the checkpoint written on one thread, the lock
+released there); the follower need not read a file whose inode, size and mtime are those of
+the driver's own last write. The claim's status write after the answer (one apply) goes
+out on the loop meanwhile. Parsing and planning (`claims.py`, `_plan`, `_files_of`) are
+under 0.1 ms a claim.
+
+**Memory.** The footprint section splits each front end's RSS: an interpreter is about
+10 MiB, the standard library that asyncio and ssl bring about 12, grpc about 10 and
+protobuf about 2: the bare floor holds these too. Beyond it, for the device plugin:
+prometheus_client about 3.5 MiB (its own code is about 0.5; the rest is the standard
+library its exposition module imports for servers and push gateways we do not use:
+http.server, urllib.request, email, pickle), our modules about 3.5, PyYAML 1.3 and the
+heap after start about 5.5 (discovery, the gRPC servers, the worker threads' malloc arenas).
+The DRA driver adds the API client's stack: httpcore2 (with anyio, h11, h2 and truststore)
+about 3.7 MiB, lightkube 2.5, httpx2 2.4 and msgspec 0.7, and one TLS context (1.4 MiB with
+a CA file; about 5 MiB with the system trust store, as outside a cluster).
+"""
