@@ -21,12 +21,11 @@ to publish.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rdma_hca.contract.fabric import PortNeighbour
-from rdma_hca.daemon.watch.flaps import FLAP_CHANGES, FLAP_WINDOW_SECONDS
+from rdma_hca.daemon.watch.flaps import FLAP_CHANGES, FLAP_WINDOW_SECONDS, Churn
 from rdma_hca.node.lldp import LldpFrame
 
 PortKey = tuple[str, int]  # (HCA name, port number)
@@ -42,8 +41,7 @@ class _Heard:
 class _Track:
     current: PortNeighbour | None = None  # what the port hears now
     published: PortNeighbour | None = None
-    changes: deque[float] = field(default_factory=deque)  # times, within the window
-    held_since: float | None = None
+    churn: Churn = field(default_factory=Churn)
     stable_since: float = 0.0  # when ``current`` last changed
 
 
@@ -104,16 +102,10 @@ class NeighbourTable:
             if current != track.current:
                 track.current = current
                 track.stable_since = now
-                track.changes.append(now)
-                while track.changes and track.changes[0] <= now - self.window:
-                    track.changes.popleft()
-                if track.held_since is None and len(track.changes) >= self.changes:
-                    track.held_since = now
+                if track.churn.changed(now, count=self.changes, window=self.window):
                     self.holds_total += 1
-            if track.held_since is not None and now - track.stable_since >= self.hold_seconds:
-                track.held_since = None
-                track.changes.clear()  # its next change is a lone one again
-            if track.held_since is None:
+            track.churn.settled(now, track.stable_since, self.hold_seconds)
+            if not track.churn.held:
                 track.published = track.current
         return self.published()
 
@@ -124,13 +116,13 @@ class NeighbourTable:
 
     def held(self) -> frozenset[PortKey]:
         """The ports whose neighbour is held for churn now."""
-        return frozenset(k for k, t in self._tracks.items() if t.held_since is not None)
+        return frozenset(k for k, t in self._tracks.items() if t.churn.held)
 
     def next_deadline(self) -> float | None:
         """When a neighbour expires or a hold ends if nothing else happens (on the clock)."""
         times = [h.expires for h in self._heard.values()]
         times += [t.stable_since + self.hold_seconds for t in self._tracks.values()
-                  if t.held_since is not None]
+                  if t.churn.held]
         return min(times) if times else None
 
     def last_frames(self) -> dict[PortKey, float]:

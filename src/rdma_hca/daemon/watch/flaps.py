@@ -27,10 +27,39 @@ FLAP_WINDOW_SECONDS = 10.0
 
 
 @dataclass(slots=True)
-class _Track:
-    up: bool
+class Churn:
+    """One thing's changes within the window, and whether they hold it: the one flap
+    hold, for an HCA's link state here and a port's LLDP neighbour in ``fabric.table``."""
+
     changes: deque[float] = field(default_factory=deque)  # times, within the window
     held_since: float | None = None
+
+    def changed(self, now: float, *, count: int, window: float) -> bool:
+        """A change at ``now``; True when it starts a hold."""
+        self.changes.append(now)
+        while self.changes and self.changes[0] <= now - window:
+            self.changes.popleft()
+        if self.held_since is None and len(self.changes) >= count:
+            self.held_since = now
+            return True
+        return False
+
+    def settled(self, now: float, since: float | None, hold: float) -> None:
+        """It has stayed as it is ``since`` then (None: not yet settled): a hold ends
+        after ``hold`` seconds of that."""
+        if self.held_since is not None and since is not None and now - since >= hold:
+            self.held_since = None
+            self.changes.clear()  # its next change is a lone one again
+
+    @property
+    def held(self) -> bool:
+        return self.held_since is not None
+
+
+@dataclass(slots=True)
+class _Track:
+    up: bool
+    churn: Churn = field(default_factory=Churn)
     up_since: float | None = None  # when a port last came up (None while none is)
 
 
@@ -60,15 +89,11 @@ class FlapHold:
                 continue
             track.up = up
             track.up_since = now if up else None
-            track.changes.append(now)
-            while track.changes and track.changes[0] <= now - self.window:
-                track.changes.popleft()
-            if track.held_since is None and len(track.changes) >= self.changes:
-                track.held_since = now
+            if track.churn.changed(now, count=self.changes, window=self.window):
                 self.holds_total += 1
         # An HCA that went away is forgotten unless held (it may be back in a moment).
         for name in [n for n, t in self._tracks.items()
-                     if n not in present and t.held_since is None]:
+                     if n not in present and not t.churn.held]:
             del self._tracks[name]
         return self.held()
 
@@ -77,22 +102,18 @@ class FlapHold:
         now = self.clock()
         out = []
         for name, track in self._tracks.items():
-            if track.held_since is None:
-                continue
-            if track.up_since is not None and now - track.up_since >= self.hold_seconds:
-                track.held_since = None
-                track.changes.clear()  # its next change is a lone one again
-                continue
-            out.append(name)
+            track.churn.settled(now, track.up_since, self.hold_seconds)
+            if track.churn.held:
+                out.append(name)
         return frozenset(out)
 
     def next_release(self) -> float | None:
         """When the earliest hold ends if nothing changes (on the clock), or None."""
         ends = [t.up_since + self.hold_seconds for t in self._tracks.values()
-                if t.held_since is not None and t.up_since is not None]
+                if t.churn.held and t.up_since is not None]
         return min(ends) if ends else None
 
     def flaps_seen(self, name: str) -> int:
         """Changes of the HCA's state within the window (for the log line of a hold)."""
         track = self._tracks.get(name)
-        return len(track.changes) if track is not None else 0
+        return len(track.churn.changes) if track is not None else 0
