@@ -24,7 +24,14 @@ from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
 from rdma_hca.devkit.kube.cluster import FakeCluster
 from rdma_hca.devkit.kube.objects import CREATED, daemonset, node, pod
 from rdma_hca.tools.doctor import main
-from rdma_hca.tools.doctor.fabric import OFF_NOTE, FabricNode, evaluate
+from rdma_hca.tools.doctor.fabric import (
+    OFF_IN_DAEMONSET,
+    OFF_NOTE,
+    ON_UNPUBLISHED,
+    FabricNode,
+    evaluate,
+)
+from rdma_hca.tools.doctor.workloads import parse_daemonset
 
 NOW = dt.datetime.fromisoformat(CREATED.replace("Z", "+00:00")) + dt.timedelta(hours=17)
 SU1 = ("su1-leaf-1", "su1-leaf-2", "su1-leaf-3", "su1-leaf-4")
@@ -148,8 +155,34 @@ def test_nothing_published_says_what_is_off_and_adds_no_check(
     cluster = fleet([node("e01-cn-a"), node("e01-cn-b")])
     assert doctor(cluster, tmp_path) == 0
     out = capsys.readouterr().out
-    assert f"- {OFF_NOTE}" in out
+    # The fake's DaemonSet adds no NET_RAW: off, as the chart's default renders it.
+    assert f"- {OFF_IN_DAEMONSET}" in out
     assert "fabric.lldp is false" in out and "all 5 checks passed" in out
+
+
+def test_on_in_the_daemonset_yet_nothing_published_says_where_to_look(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = fleet([node("e01-cn-a"), node("e01-cn-b")])
+    ds = cluster.daemonsets[("kube-system", "ack-rdma-dp-ds")]
+    ds["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {
+        "capabilities": {"drop": ["ALL"], "add": ["NET_RAW"]}}
+    assert doctor(cluster, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert f"- {ON_UNPUBLISHED}" in out
+    assert "doctor --node" in out
+
+
+def test_the_daemonset_holds_net_raw_when_a_container_adds_it() -> None:
+    ds = daemonset(desired=1, ready=1)
+    assert parse_daemonset(ds).net_raw is False
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    for context, held in [({"capabilities": {"add": ["NET_RAW"]}}, True),
+                          ({"capabilities": {"add": ["CAP_NET_RAW"]}}, True),
+                          ({"capabilities": {"add": ["NET_ADMIN"]}}, False),
+                          ({"privileged": True}, True),
+                          ({"capabilities": "bad"}, False)]:
+        container["securityContext"] = context
+        assert parse_daemonset(ds).net_raw is held, context
 
 
 def test_a_broken_annotation_is_named(tmp_path: Path,
@@ -202,3 +235,5 @@ def test_nodes_that_heard_nothing_at_all_have_no_block() -> None:
 def test_no_node_is_the_off_note() -> None:
     report = evaluate([])
     assert report.note == OFF_NOTE and report.checks == ()
+    assert evaluate([], net_raw=False).note == OFF_IN_DAEMONSET
+    assert evaluate([], net_raw=True).note == ON_UNPUBLISHED

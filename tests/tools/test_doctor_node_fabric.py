@@ -25,7 +25,13 @@ from rdma_hca.devkit.kube.objects import node
 from rdma_hca.devkit.sim.nodes import gpu_node, infiniband_node
 from rdma_hca.node.inventory import discover_node
 from rdma_hca.tools.doctor import main
-from rdma_hca.tools.doctor.nodefabric import NodeFabric, fabric_checks
+from rdma_hca.tools.doctor.nodefabric import (
+    Listening,
+    NodeFabric,
+    fabric_checks,
+    listening_checks,
+    net_raw_held,
+)
 
 NAME = "gpu-a1"
 HEARD = PortNeighbour("mlx5_0", 1, "eth0", "0c:42:a1:00:00:01", "Ethernet1/1",
@@ -45,8 +51,8 @@ def sysfs(tmp_path: Path) -> Path:
 
 
 def node_doctor(tmp_path: Path, sysfs: Path, cluster: FakeCluster | None,
-                env: dict[str, str]) -> str:
-    argv = ["--node", "--sysfs-root", str(sysfs), "--dev-root", str(tmp_path / "dev"),
+                env: dict[str, str], *flags: str) -> str:
+    argv = ["--node", *flags, "--sysfs-root", str(sysfs), "--dev-root", str(tmp_path / "dev"),
             "--kubelet-dir", str(tmp_path / "dp"), "--readyz-url", "http://127.0.0.1:9/readyz",
             "--timeout", "5"]
     buffer = io.StringIO()
@@ -89,7 +95,7 @@ def test_outside_the_pod_nothing_is_read(tmp_path: Path, sysfs: Path) -> None:
     out = node_doctor(tmp_path, sysfs, None, {"NODE_NAME": NAME})
     assert ("✓ fabric (LLDP): not checked: cannot read Node gpu-a1 (not in the daemon's pod "
             "and no --kubeconfig given)") in out
-    assert "fabric" not in node_doctor(tmp_path, sysfs, None, {})
+    assert "fabric (LLDP):" not in node_doctor(tmp_path, sysfs, None, {})  # no Node read
 
 
 def test_a_node_that_cannot_be_read_is_not_a_failure(tmp_path: Path, sysfs: Path) -> None:
@@ -115,3 +121,52 @@ def test_a_broken_annotation_fails_with_the_fix(tmp_path: Path, sysfs: Path) -> 
     assert [(c.ok, c.detail) for c in checks] == [
         (False, f"{NEIGHBOURS_ANNOTATION} is not a JSON object")]
     assert checks[0].fix is not None and f"{NEIGHBOURS_ANNOTATION}-" in checks[0].fix
+
+
+# --- what the daemon here can do: fabric.lldp, CAP_NET_RAW, NODE_NAME -------------------
+
+
+def test_fabric_lldp_off_is_said(tmp_path: Path, sysfs: Path) -> None:
+    out = node_doctor(tmp_path, sysfs, None, {})
+    assert "✓ LLDP listening: off: fabric.lldp is false (the default)" in out
+    assert "fabric.lldp: true" in out
+
+
+def test_fabric_lldp_on_outside_a_pod_leaves_the_capability_unjudged(
+        tmp_path: Path, sysfs: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("fabric:\n  lldp: true\n")
+    out = node_doctor(tmp_path, sysfs, None, {}, "--config", str(config))
+    assert ("✓ LLDP listening: on (fabric.lldp is true); CAP_NET_RAW not checked: run "
+            "doctor --node in the daemon's pod") in out
+    assert "fabric block label" not in out  # NODE_NAME is judged in a pod only
+
+
+def _status(tmp_path: Path, cap_eff: str) -> Path:
+    path = tmp_path / "status"
+    path.write_text(f"Name:\tpython\nCapInh:\t0000000000000000\nCapEff:\t{cap_eff}\n")
+    return path
+
+
+def test_the_capability_is_read_from_the_effective_set(tmp_path: Path) -> None:
+    assert net_raw_held(_status(tmp_path, "00000000a80425fb")) is True  # docker's default
+    assert net_raw_held(_status(tmp_path, "0000000000000000")) is False  # drop: ALL
+    assert net_raw_held(_status(tmp_path, "0000000000002000")) is True  # NET_RAW alone
+    assert net_raw_held(_status(tmp_path, "zz")) is None
+    assert net_raw_held(tmp_path / "missing") is None
+
+
+def test_fabric_lldp_on_without_the_capability_fails_with_the_fix() -> None:
+    checks = listening_checks(Listening(True, False, NAME))
+    assert [(c.name, c.ok) for c in checks] == [("LLDP listening", False)]
+    assert "lacks CAP_NET_RAW" in checks[0].detail
+    assert checks[0].fix is not None and "capabilities.add" in checks[0].fix
+
+
+def test_fabric_lldp_on_without_node_name_says_the_label_is_off() -> None:
+    checks = listening_checks(Listening(True, True, ""))
+    assert [(c.name, c.ok) for c in checks] == [("LLDP listening", True),
+                                                ("fabric block label", False)]
+    assert checks[0].detail == "on: fabric.lldp is true and the container holds CAP_NET_RAW"
+    assert "NODE_NAME is not set" in checks[1].detail
+    assert checks[1].fix is not None and "spec.nodeName" in checks[1].fix

@@ -25,20 +25,23 @@ from rdma_hca.kit.offloop import OffLoop
 if TYPE_CHECKING:
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
+    from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
     from rdma_hca.kube.events import EventRecorder
 
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
 
 
 class StatusSnapshot:
-    """``recorder`` gives the node's Event recorder once start has made one."""
+    """``recorder`` gives the node's Event recorder once start has made one, and
+    ``node_writer`` the Node fabric writer."""
 
     def __init__(self, *, runtimes: Sequence[PoolRuntime], lifecycle: KubeletLifecycle,
                  allocations: AllocationStats, health: HealthWatcher, reader: MachineReader,
                  files: OffLoop, supervisor: Supervisor, judge: NodeJudge,
                  dra: DraDriver | None, recorder: Callable[[], EventRecorder | None],
                  health_poll_seconds: float, read_deadline: float,
-                 lldp: LldpListener | None = None) -> None:
+                 lldp: LldpListener | None = None,
+                 node_writer: Callable[[], NodeFabricWriter | None] = lambda: None) -> None:
         self.runtimes = runtimes
         self.lifecycle = lifecycle
         self.allocations = allocations
@@ -49,6 +52,7 @@ class StatusSnapshot:
         self.judge = judge
         self.dra = dra
         self.lldp = lldp
+        self.node_writer = node_writer
         self.recorder = recorder
         self.started = time.time()
         self.health_stale_after = max(STALE_PASSES * health_poll_seconds,
@@ -115,7 +119,10 @@ class StatusSnapshot:
         if self.lldp is None:
             return None
         s = self.lldp.stats()
+        writer = self.node_writer()
         return LldpStatus(
+            node_writes=None if writer is None else writer.stats.writes,
+            node_write_errors=0 if writer is None else writer.stats.errors,
             listening=s.off is None, neighbours=s.neighbours,
             last_frame_age={k: max(0.0, s.now - at) for k, at in s.last_frame.items()},
             ports=s.ports, frames=s.frames, dropped=s.dropped, holds=s.holds)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rdma_hca.contract.fabric import PortNeighbour
 from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
 from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
 from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
@@ -42,6 +43,7 @@ from rdma_hca.settings.model import ConfigError, Settings
 if TYPE_CHECKING:
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
+    from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
     from rdma_hca.daemon.offer.nodeevents import NodeEvents
     from rdma_hca.kube.events import EventRecorder
 
@@ -57,7 +59,10 @@ class Daemon:
                  reader: MachineReader | None = None,
                  read_deadline: float | None = None,
                  probe_dir: str | None = None,
-                 cdi_check_seconds: float = CDI_CHECK_SECONDS) -> None:
+                 cdi_check_seconds: float = CDI_CHECK_SECONDS,
+                 node_writer: Mapping[str, float] | None = None) -> None:
+        """``node_writer``: the Node writer's ``spacing`` and ``start_grace`` (tests use
+        short ones)."""
         self.settings = settings
         # The probe socket sits in the pod's own scratch directory (``/tmp``, an emptyDir),
         # named after the pod: only with a pod UID is it surely this instance's.
@@ -109,6 +114,10 @@ class Daemon:
 
             self.lldp = LldpListener(settings.sysfs_root,
                                      hold_seconds=settings.flap_hold_seconds, files=self.files)
+        # The Node's fabric block label and neighbours annotation (fabric.lldp, NODE_NAME
+        # and credentials): made at start.
+        self.node_writer: NodeFabricWriter | None = None
+        self._node_writer_kw = dict(node_writer or {})
         self.cdi = CdiFollower(settings.cdi.spec_dir, self.health.inventories,
                                lambda: (h for r in self.runtimes for h in r.view.hcas),
                                self.files, check_seconds=cdi_check_seconds)
@@ -124,7 +133,8 @@ class Daemon:
             supervisor=self.supervisor, judge=self.node_judge, dra=self.dra,
             recorder=lambda: self._recorder,
             health_poll_seconds=settings.health_poll_seconds,
-            read_deadline=self.read_deadline, lldp=self.lldp)
+            read_deadline=self.read_deadline, lldp=self.lldp,
+            node_writer=lambda: self.node_writer)
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -202,6 +212,7 @@ class Daemon:
             self.supervisor.watch(self.lifecycle.tasks)
         if self.lldp is not None:
             await self.lldp.follow(inventory)
+            await self._start_node_writer()
         # The followers take it from the inventory start has handed them already.
         seen = self.health.inventories.generation
         if self.dra is not None:
@@ -215,6 +226,12 @@ class Daemon:
                     "dra-neighbours", follow_neighbours(self.lldp, self.dra)))
         if self.lldp is not None:
             self._tasks.append(self.supervisor.spawn("lldp", self.lldp.run()))
+            if self.node_writer is not None:
+                self._tasks.append(self.supervisor.spawn("fabric-node-writer",
+                                                         self.node_writer.run()))
+                # Silent ports too, so that doctor tells them from ports not listened on.
+                self._tasks.append(self.supervisor.spawn(
+                    "fabric-node-follow", self.node_writer.follow(self.lldp.every_port)))
             self._tasks.append(self.supervisor.spawn(
                 "lldp-follow", self.health.follow(self.lldp.follow, seen)))
         self._tasks.append(self.supervisor.spawn(
@@ -243,6 +260,16 @@ class Daemon:
         self.node_events = await start_node_events(None, node, off=self.files,
                                                    wanted=self._offered,
                                                    quiet=self.dra is not None)
+
+    async def _start_node_writer(self) -> None:
+        """The Node writer, whichever front end runs; without the node's name or
+        credentials one line says the label is off, and nothing else changes."""
+        if self.node_writer is not None:
+            return
+        from rdma_hca.daemon.fabric.nodelabel import connect_node_writer
+
+        self.node_writer = await connect_node_writer(self.settings.node_name, off=self.files,
+                                                     **self._node_writer_kw)
 
     def _offered(self, hca: Hca) -> bool:
         """An HCA a pool or the DRA driver selects: the only ones the node's Events name."""
@@ -274,6 +301,10 @@ class Daemon:
             self.lifecycle.remove_sockets()
         if self.dra is not None:
             await settle([self.dra.stop()], within=STOP_STEP, what="the DRA driver")
+        if self.node_writer is not None:
+            # Its tasks are the daemon's, cancelled above: this closes its client.
+            await settle([self.node_writer.stop(close_api=True)], within=STOP_STEP,
+                         what="the Node fabric writer")
         if self.http is not None:
             await settle([self.http.stop()], within=STOP_STEP, what="the HTTP server")
             self.http = None
@@ -316,7 +347,12 @@ class Daemon:
 
 
 async def follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:
-    """The DRA driver's switch attributes follow the neighbours (from the current ones)."""
-    await dra.update_neighbours(lldp.neighbours.value)
+    """The DRA driver's switch attributes follow the neighbours (from the current ones):
+    the heard ones only, a silent port reaches no switch."""
+    await dra.update_neighbours(_heard(lldp.neighbours.value))
     async for neighbours in lldp.neighbours.follow(lldp.neighbours.generation):
-        await dra.update_neighbours(neighbours)
+        await dra.update_neighbours(_heard(neighbours))
+
+
+def _heard(neighbours: tuple[PortNeighbour, ...]) -> tuple[PortNeighbour, ...]:
+    return tuple(n for n in neighbours if n.heard)

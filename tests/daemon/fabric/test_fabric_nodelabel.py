@@ -200,6 +200,24 @@ async def test_a_start_that_has_heard_nothing_yet_removes_nothing(
     assert api.node(NODE)["metadata"]["labels"][FABRIC_BLOCK_LABEL] == fabric_block(["leaf-1"])
 
 
+async def test_silent_ports_alone_at_start_remove_nothing_either(
+        api: FakeApiServer, running: tuple[NodeFabricWriter, Sleeps]) -> None:
+    """The daemon's first value lists every listened port as silent: a restart keeps the
+    label until a switch speaks (or the grace ends)."""
+    writer, _ = running
+    with api.store.lock:
+        api.cluster.nodes[0]["metadata"]["labels"][FABRIC_BLOCK_LABEL] = fabric_block(["leaf-1"])
+    writer.update(with_silent((), [("mlx5_0", 1, "eth0"), ("mlx5_1", 1, "eth1")]))
+    await asyncio.sleep(0.05)
+    assert patches(api) == []
+    writer.update(with_silent(rails("leaf-1"), [("mlx5_0", 1, "eth0"), ("mlx5_1", 1, "eth1")]))
+    await written(writer)
+    meta = api.node(NODE)["metadata"]
+    assert meta["labels"][FABRIC_BLOCK_LABEL] == fabric_block(["leaf-1"])
+    assert [n.heard for n in decode_neighbours(meta["annotations"][NEIGHBOURS_ANNOTATION])] \
+        == [True, False]
+
+
 async def test_an_empty_set_is_written_once_the_grace_is_over(
         api: FakeApiServer, client: ApiClient) -> None:
     with api.store.lock:

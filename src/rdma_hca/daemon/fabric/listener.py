@@ -10,7 +10,9 @@ drops what does not fit). A switch sends one frame per 30 s.
 
 The neighbours (``neighbours``, a :class:`~rdma_hca.kit.broadcast.Broadcast` of
 ``PortNeighbour`` tuples, sorted by HCA and port) change only when a port's neighbour
-does (``fabric.table``): the DRA driver, the Node writer and /metrics follow it.
+does (``fabric.table``): the DRA driver and /metrics follow it. ``every_port`` is the
+same with an entry of empty chassis ID for each port listened on that heard nothing
+(``contract.fabric.with_silent``): the Node writer follows that one, for ``doctor``.
 
 InfiniBand ports have no LLDP and are left out. Without CAP_NET_RAW the first socket
 is refused: one line says LLDP is off and why, and nothing else changes.
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from rdma_hca.contract.fabric import PortNeighbour
+from rdma_hca.contract.fabric import PortNeighbour, with_silent
 from rdma_hca.daemon.fabric.rawsocket import open_lldp_socket
 from rdma_hca.daemon.fabric.table import NeighbourTable, PortKey
 from rdma_hca.kit.aio import wait_event
@@ -105,6 +107,9 @@ class LldpListener:
         self.burst = burst
         self.table = NeighbourTable(hold_seconds, clock=clock)
         self.neighbours: Broadcast[tuple[PortNeighbour, ...]] = Broadcast(())
+        # The neighbours and the ports listened on that heard nothing (no switch: never
+        # for the DRA attributes nor the fabric block).
+        self.every_port: Broadcast[tuple[PortNeighbour, ...]] = Broadcast(())
         self.off: str | None = None
         self._ports: dict[str, PortKey] = {}
         self._wanted: tuple[tuple[str, int, str], ...] | None = None
@@ -203,6 +208,7 @@ class LldpListener:
                     log.info("LLDP: reading %s: %s; listening again when the port changes",
                              netdev, exc.strerror or exc)
                 self._close(netdev)
+                self.settle()
                 return
             self.receive(netdev, memoryview(self._buffer)[:size], size)
 
@@ -240,6 +246,16 @@ class LldpListener:
             log.info("LLDP neighbours: %s", "; ".join(
                 f"{n.hca} port {n.port}: {n.switch} {n.switch_port}"
                 for n in self.neighbours.value) or "none")
+        self.every_port.publish(with_silent(self.neighbours.value, self.listened()))
+
+    def listened(self) -> tuple[tuple[str, int, str], ...]:
+        """The ports listened on now, ``(hca, port, netdev)``: on a bond its first member
+        with a socket. A port whose socket could not be opened is not one of them."""
+        out: dict[PortKey, str] = {}
+        for netdev, key in self._ports.items():
+            if netdev in self._sockets:
+                out.setdefault(key, netdev)
+        return tuple((hca, port, netdev) for (hca, port), netdev in sorted(out.items()))
 
     async def run(self) -> None:
         """Expire neighbours and end holds on time, until cancelled."""

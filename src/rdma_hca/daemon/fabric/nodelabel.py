@@ -19,10 +19,11 @@ sends a patch only when a value differs from what the server holds: an LLDP fram
 
 Writes are spaced: the first change goes out at once, the next no sooner than ``spacing``
 later, and the last state always goes out. A daemon that starts hears its first frames up
-to 30 s later: until it has heard one (or ``start_grace`` has passed) an empty set
-removes nothing, so a restart does not take the label away and put it back. A failed
-write is said once per reason, counted, and tried again after a backoff (at least what the
-server's ``Retry-After`` asked); the client itself retries 429 and 5xx with Retry-After.
+to 30 s later: until it has heard one (or ``start_grace`` has passed) a set that reaches
+no switch (empty, or silent ports only) writes nothing, so a restart does not take the
+label away and put it back. A failed write is said once per reason, counted, and tried
+again after a backoff (at least what the server's ``Retry-After`` asked);
+the client itself retries 429 and 5xx with Retry-After.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ from rdma_hca.contract.fabric import (
 from rdma_hca.kit.aio import cancel_all, wait_event
 from rdma_hca.kit.backoff import Backoff, Sleep, jittered
 from rdma_hca.kit.broadcast import Broadcast
+from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.sayonce import Latch, Once
-from rdma_hca.kube.client import ApiClient
+from rdma_hca.kube.client import ApiClient, read_credentials
+from rdma_hca.kube.credentials import CredentialSearch
 from rdma_hca.kube.errors import KubeError
-from rdma_hca.kube.policy import Priority
+from rdma_hca.kube.policy import ClientPolicy, Priority
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,15 @@ BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 # What the writer sends: the series of the API request counter that exist from the start.
 KNOWN_REQUESTS = (("nodes", "get", "200"), ("nodes", "patch", "200"))
+# A write every few seconds at most: a small budget of its own, short deadlines (a dead
+# server costs a retry later, never a stop).
+WRITER_POLICY = ClientPolicy(qps=1.0, burst=5, timeout=5.0, budget=10.0, max_retries=2)
+# serve has no credential flags: in a pod its service account, else a kubeconfig file.
+WRITER_CREDENTIALS = CredentialSearch(
+    in_cluster_first=True,
+    in_pod_fix="run it in a pod with its service account token mounted (the chart does when "
+               "fabric.lldp is true)")
+LABEL_OFF = "the Node label %s is off: %s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +192,12 @@ class NodeFabricWriter:
             self._tasks.append(asyncio.create_task(self.follow(neighbours),
                                                    name="fabric-node-follow"))
 
-    async def stop(self) -> None:
+    async def stop(self, *, close_api: bool = False) -> None:
+        """End the tasks (and close the client when ``close_api``)."""
         tasks, self._tasks = self._tasks, []
         await cancel_all(tasks)
+        if close_api:
+            await self.api.close()
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -236,8 +251,8 @@ class NodeFabricWriter:
                 self._plan_resync()
             await self._spaced()
             desired = self._desired
-            if desired is None or (not desired and not self._heard and not self._grace_over()):
-                continue  # nothing yet, or an empty set before the grace ends (woken then)
+            if desired is None or self._waiting_for_grace():
+                continue  # nothing yet, or no switch heard before the grace ends (woken then)
             try:
                 if await self.sync(desired):
                     self._last_write = self._clock()
@@ -262,10 +277,10 @@ class NodeFabricWriter:
 
     def _next_wait(self) -> float | None:
         """How long the loop sleeps when nothing comes: until the resync, or until the
-        grace ends when an empty set waits for it."""
+        grace ends when a set that reaches no switch waits for it."""
         now = self._clock()
         waits = [] if self._next_resync is None else [self._next_resync - now]
-        if self._desired == () and not self._heard and not self._grace_over():
+        if self._waiting_for_grace():
             assert self._started is not None
             waits.append(self._started + self.start_grace - now)
         return max(0.0, min(waits)) if waits else None
@@ -286,6 +301,11 @@ class NodeFabricWriter:
             log.warning("cannot write the fabric label of Node %s: %s; retrying",
                         self.node, exc)
 
+    def _waiting_for_grace(self) -> bool:
+        """Nothing heard since the start (every port silent or none), within the grace: a
+        restart must not take the label away before the switches had time to speak."""
+        return self._desired is not None and not self._heard and not self._grace_over()
+
     def _grace_over(self) -> bool:
         return self._started is not None and \
             self._clock() - self._started >= self.start_grace
@@ -305,3 +325,23 @@ def _held(node: dict[str, Any]) -> Held:
     annotations = meta.get("annotations") or {}
     return Held(str(labels.get(FABRIC_BLOCK_LABEL, "")),
                 str(annotations.get(NEIGHBOURS_ANNOTATION, "")))
+
+
+async def connect_node_writer(node: str | None, *, off: OffLoop | None,
+                              **kw: Any) -> NodeFabricWriter | None:
+    """A writer for Node ``node`` on a client of its own (its HTTP connections shared with
+    the process's other clients on the same credentials), or None, said in one line, when
+    the node's name or the credentials are missing: the label is off, nothing else is."""
+    if not node:
+        log.warning(LABEL_OFF, FABRIC_BLOCK_LABEL, "the node's name is not known (set "
+                    "NODE_NAME; the chart does); LLDP, the DRA attributes and /metrics work "
+                    "without it")
+        return None
+    try:
+        creds = await read_credentials(None, WRITER_CREDENTIALS, off=off)
+        api = await ApiClient.connect(creds, WRITER_POLICY, off=off)
+    except (KubeError, OSError) as exc:
+        log.warning(LABEL_OFF, FABRIC_BLOCK_LABEL, f"no usable API server credentials ({exc}); "
+                    "LLDP, the DRA attributes and /metrics work without it")
+        return None
+    return NodeFabricWriter(api, node, **kw)

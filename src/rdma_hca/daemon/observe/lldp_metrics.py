@@ -1,5 +1,6 @@
 """The LLDP families of ``/metrics`` (fabric.lldp): each port's neighbour as an info
-series, the age of its last frame, and what the wire sent, read and dropped."""
+series, the age of its last frame, what the wire sent, read and dropped, and the writes of
+the Node's fabric label."""
 
 from __future__ import annotations
 
@@ -52,3 +53,14 @@ def lldp_families(lldp: LldpStatus) -> Iterator[Metric]:
         "Times a port's LLDP neighbour kept changing and was held at its last one")
     holds.add_metric([], lldp.holds)
     yield holds
+    if lldp.node_writes is not None:
+        writes = CounterMetricFamily(
+            "rdma_hca_fabric_node_writes",
+            "Patches of the Node's fabric block label and neighbours annotation")
+        writes.add_metric([], lldp.node_writes)
+        yield writes
+        errors = CounterMetricFamily(
+            "rdma_hca_fabric_node_write_errors",
+            "Passes of the Node writer the API server failed (each retried with backoff)")
+        errors.add_metric([], lldp.node_write_errors)
+        yield errors

@@ -71,6 +71,10 @@ class LldpStatus:
     frames: Mapping[str, int] = field(default_factory=dict)  # read, by netdev
     dropped: Mapping[str, int] = field(default_factory=dict)  # by reason
     holds: int = 0  # times a port's neighbour was held for churn
+    # The Node writer's patches and failed passes; None: it does not run (no NODE_NAME or
+    # no credentials).
+    node_writes: int | None = None
+    node_write_errors: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,8 @@ def evaluate(data: ClusterData, resource: str, now: dt.datetime) -> ClusterRepor
     checks.insert(0, _daemonset_check(data, row, kns, ds_ref, lacking))
     published = [f for f in (fabric.read_node(n.name, n.labels, n.annotations)
                              for n in data.nodes) if f is not None]
-    fabric_report = fabric.evaluate(published)
+    fabric_report = fabric.evaluate(
+        published, None if data.daemonset is None else data.daemonset.net_raw)
     checks.extend(fabric_report.checks)
     return ClusterReport(data.namespace, data.name, resource, row, tuple(rows), tuple(checks),
                          dra_report, fabric_report)

@@ -39,6 +39,14 @@ OFF_NOTE = (f"fabric (LLDP): off: no node carries {NEIGHBOURS_ANNOTATION} (fabri
             "false, the chart's default, or no daemon has heard LLDP yet); set fabric.lldp: "
             "true to publish each RoCE port's switch and the nodes' fabric blocks "
             "(docs/fabric.md)")
+OFF_IN_DAEMONSET = (f"fabric (LLDP): off: the DaemonSet's daemons do not hold NET_RAW "
+                    "(fabric.lldp is false, the chart's default), so no node carries "
+                    f"{NEIGHBOURS_ANNOTATION}; set fabric.lldp: true to publish each RoCE "
+                    "port's switch and the nodes' fabric blocks (docs/fabric.md)")
+ON_UNPUBLISHED = (f"fabric (LLDP): on (the DaemonSet adds NET_RAW), yet no node carries "
+                  f"{NEIGHBOURS_ANNOTATION}: a daemon writes it within 2 minutes of its start; "
+                  "if it stays so, `rdma-hca doctor --node` in a daemon's pod says what is off "
+                  "and its log names the cause (\"the Node label ... is off\", a 403)")
 SILENT_FIX = ("make the switch send LLDP on that port (e.g. `lldp transmit` on the interface), "
               "and let the frames reach the host: ConnectX firmware may run its own LLDP agent "
               "(for DCBX) that keeps them (docs/fabric.md, \"What the switch must send\")")
@@ -102,10 +110,12 @@ def _switches(node: FabricNode) -> frozenset[str]:
     return frozenset(n.switch for n in node.neighbours if n.heard)
 
 
-def evaluate(nodes: Sequence[FabricNode]) -> FabricReport:
-    """Judge what the nodes published; an empty ``nodes`` is the "off" note."""
+def evaluate(nodes: Sequence[FabricNode], net_raw: bool | None = None) -> FabricReport:
+    """Judge what the nodes published; an empty ``nodes`` is a note of what is off, told
+    apart by ``net_raw`` (whether the DaemonSet's daemons hold it; None: no DaemonSet)."""
     if not nodes:
-        return FabricReport(OFF_NOTE, (), (), (), ())
+        note = {None: OFF_NOTE, False: OFF_IN_DAEMONSET, True: ON_UNPUBLISHED}[net_raw]
+        return FabricReport(note, (), (), (), ())
     checks: list[Check] = []
     by_block: dict[str, list[FabricNode]] = {}
     for node in sorted(nodes, key=lambda n: n.name):

@@ -35,7 +35,14 @@ from rdma_hca.settings.config import load_settings
 from rdma_hca.settings.model import ConfigError, Settings
 from rdma_hca.tools.deadline import read_deadline
 from rdma_hca.tools.doctor.kubeapi import DEFAULT_TIMEOUT
-from rdma_hca.tools.doctor.nodefabric import NodeFabric, fabric_checks, read_own_node
+from rdma_hca.tools.doctor.nodefabric import (
+    Listening,
+    NodeFabric,
+    fabric_checks,
+    listening_checks,
+    net_raw_held,
+    read_own_node,
+)
 from rdma_hca.tools.doctor.render import checks_json, checks_text, summary, table
 from rdma_hca.tools.doctor.result import DEFAULT_READYZ_URL, Check
 from rdma_hca.tools.doctor.shares import (
@@ -75,6 +82,8 @@ class NodeOptions:
     probe_socket: str | None = None
     # This node's Node as read from the API server (NODE_NAME set): its ports' neighbours.
     fabric: NodeFabric | None = None
+    # fabric.lldp, CAP_NET_RAW and NODE_NAME as the daemon here has them; None: not judged.
+    listening: Listening | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +126,7 @@ def run(args: argparse.Namespace, *, out: TextIO, env: Mapping[str, str] | None 
         device_plugin=settings.device_plugin_enabled,
         probe_socket=probe,
         fabric=_own_node(args, environ),
+        listening=_listening(settings, environ),
     )
     try:
         report = diagnose(options)
@@ -140,6 +150,16 @@ def _own_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodeFabric | 
     return read_own_node(name, kubeconfig=getattr(args, "kubeconfig", None),
                          context=getattr(args, "context", None), env=env, home=home,
                          timeout=getattr(args, "timeout", DEFAULT_TIMEOUT))
+
+
+def _listening(settings: Settings, env: Mapping[str, str],
+               proc_status: Path = Path("/proc/self/status")) -> Listening:
+    """In a pod (the daemon's, where the doctor is meant to run) this process has the
+    container's capabilities; elsewhere they say nothing of the daemon's."""
+    in_pod = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    return Listening(settings.fabric.lldp,
+                     net_raw_held(proc_status) if in_pod else None,
+                     env.get("NODE_NAME", "") if in_pod else None)
 
 
 def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
@@ -196,6 +216,8 @@ def diagnose(options: NodeOptions) -> NodeReport:
             checks.append(problem)
         elif shares is not None:
             checks.append(shares_check(shares))
+    if options.listening is not None:
+        checks.extend(listening_checks(options.listening))
     if options.fabric is not None:
         checks.extend(fabric_checks(inv.hcas, options.fabric))
     return NodeReport(inv, options, tuple(checks), shares)

@@ -5,6 +5,11 @@ The node view reads its own Node only where it can do so without guessing whose
 credentials to use: in the daemon's pod (``NODE_NAME`` and the pod's service account,
 which with ``fabric.lldp`` may get nodes) or with ``--kubeconfig``. Elsewhere, or when the
 read fails, the checks say so and pass: the rest of the node view does not depend on it.
+
+Before the Node, what the daemon here can do (:func:`listening_checks`): whether its config
+turns ``fabric.lldp`` on, whether its container holds ``CAP_NET_RAW`` (read from this
+process, which in the daemon's pod has the container's capabilities), and whether it knows
+its node's name for the label.
 """
 
 from __future__ import annotations
@@ -30,6 +35,64 @@ from rdma_hca.tools.doctor.result import Check
 
 SUBJECT = "node"
 TITLE = "fabric (LLDP)"
+LISTENING = "LLDP listening"
+CAP_NET_RAW = 13  # bit of the capability sets in /proc/<pid>/status (linux/capability.h)
+NET_RAW_FIX = ("add NET_RAW to the daemon container's securityContext.capabilities.add (the "
+               "chart does with fabric.lldp: true), then restart the pod")
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """What decides whether the daemon here listens and labels its Node."""
+
+    enabled: bool  # fabric.lldp in the config the doctor read
+    net_raw: bool | None  # CAP_NET_RAW held by this container; None: not known here
+    node_name: str | None  # NODE_NAME, "" when unset; None: not in a pod, not judged
+
+
+def net_raw_held(status: Path) -> bool | None:
+    """Whether ``status`` (``/proc/self/status``) shows CAP_NET_RAW effective; None when it
+    cannot be read or has no ``CapEff`` line."""
+    try:
+        text = status.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "CapEff":
+            try:
+                return bool(int(value.strip(), 16) >> CAP_NET_RAW & 1)
+            except ValueError:
+                return None
+    return None
+
+
+def listening_checks(state: Listening) -> list[Check]:
+    """Whether the daemon here listens for LLDP and may label its Node; what is off and why."""
+    if not state.enabled:
+        return [Check(SUBJECT, LISTENING, True,
+                      "off: fabric.lldp is false (the default): the daemon listens for no "
+                      "LLDP and publishes no switch, fabric block or neighbours; set the "
+                      "chart value fabric.lldp: true to turn it on (docs/fabric.md)")]
+    if state.net_raw is False:
+        checks = [Check(SUBJECT, LISTENING, False,
+                        "fabric.lldp is true but this container lacks CAP_NET_RAW: the "
+                        "daemon cannot open its raw sockets and hears no LLDP (everything "
+                        "else works)", NET_RAW_FIX)]
+    elif state.net_raw is None:
+        checks = [Check(SUBJECT, LISTENING, True,
+                        "on (fabric.lldp is true); CAP_NET_RAW not checked: run doctor --node "
+                        "in the daemon's pod to check its container's capabilities")]
+    else:
+        checks = [Check(SUBJECT, LISTENING, True,
+                        "on: fabric.lldp is true and the container holds CAP_NET_RAW")]
+    if state.node_name == "":
+        checks.append(Check(SUBJECT, "fabric block label", False,
+                            f"off: NODE_NAME is not set, so the daemon cannot write "
+                            f"{FABRIC_BLOCK_LABEL} on its Node (LLDP, the DRA attributes and "
+                            "/metrics work without it)",
+                            "set NODE_NAME from the pod's spec.nodeName (the chart does)"))
+    return checks
 
 
 @dataclass(frozen=True, slots=True)

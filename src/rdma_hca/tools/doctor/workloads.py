@@ -24,6 +24,9 @@ class DaemonSet:
     ready: int
     up_to_date: int
     available: int
+    # A container of its pod template holds CAP_NET_RAW (fabric.lldp adds it): whether
+    # its daemons can listen for LLDP.
+    net_raw: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,16 @@ def parse_daemonset(obj: Mapping[str, Any]) -> DaemonSet:
         ready=_int(status.get("numberReady")),
         up_to_date=_int(status.get("updatedNumberScheduled")),
         available=_int(status.get("numberAvailable")),
+        net_raw=any(_net_raw(_map(c)) for c in _list(
+            _map(_map(spec.get("template")).get("spec")).get("containers"))),
     )
+
+
+def _net_raw(container: Mapping[str, Any]) -> bool:
+    context = _map(container.get("securityContext"))
+    added = {str(c).upper().removeprefix("CAP_")
+             for c in _list(_map(context.get("capabilities")).get("add"))}
+    return context.get("privileged") is True or bool(added & {"NET_RAW", "ALL"})
 
 
 def parse_node(obj: Mapping[str, Any]) -> Node:
