@@ -25,7 +25,17 @@ from rdma_hca.contract.cdi import cdi_id
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 from rdma_hca.contract.dra import BANDWIDTH
 from rdma_hca.daemon.dra import files, metadata
-from rdma_hca.daemon.dra.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, claim_field
+from rdma_hca.daemon.dra.claims import (
+    AllocatedDevice,
+    AllocationUnreadable,
+    Claim,
+    ClaimError,
+    ClaimRef,
+    HcaGone,
+    HcaUnusable,
+    NotAllocatedHere,
+    claim_field,
+)
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.hooks import ClaimHooks
@@ -49,11 +59,12 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
     try:
         bits = int(parse_quantity(text))  # whole bits, rounded up as the API's Value()
     except QuantityError as exc:
-        raise ClaimError(f"the allocation of device {r.device} consumed {text!r} of "
-                         f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}") from exc
+        raise AllocationUnreadable(f"the allocation of device {r.device} consumed {text!r} of "
+                                   f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}"
+                                   ) from exc
     if bits < 0:
-        raise ClaimError(f"the allocation of device {r.device} consumed a negative "
-                         f"{driver}/{BANDWIDTH} ({text})")
+        raise AllocationUnreadable(f"the allocation of device {r.device} consumed a negative "
+                                   f"{driver}/{BANDWIDTH} ({text})")
     return bits
 
 
@@ -166,14 +177,14 @@ class ClaimPreparer:
         driver, pool = self.config.driver_name, self.config.pool_name
         ours = claim.of(driver)
         if not ours:
-            raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
-                             f"driver {driver} allocated")
+            raise NotAllocatedHere(f"ResourceClaim {claim.namespace}/{claim.name} has no "
+                                   f"device of driver {driver} allocated")
         hcas: dict[str, tuple[Hca, ...]] = {}
         devices: dict[str, PreparedDevice] = {}
         for r in ours:
             if r.pool != pool:
-                raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
-                                 f"from this node's pool {pool}")
+                raise NotAllocatedHere(f"device {r.device} was allocated from pool {r.pool}, "
+                                       f"not from this node's pool {pool}")
             if r.device not in hcas:
                 hcas[r.device] = self._hcas_of(r.device, None)
             # Admin access watches the HCA beside its holders: it holds no share of it.
@@ -214,17 +225,17 @@ class ClaimPreparer:
         usable = every_usable(group)
         if not usable:
             why = "; ".join(p for h in group for p in h.problems) or "no verbs device node"
-            raise ClaimError(f"device {device} stands for every HCA of this node, and none "
-                             f"can be used now: {why}")
+            raise HcaUnusable(f"device {device} stands for every HCA of this node, and none "
+                              f"can be used now: {why}")
         return usable
 
     def _hca(self, device: str, hca_name: str | None) -> Hca:
         hca = self._offer().hcas.get(device)
         if hca is None or (hca_name is not None and hca.name != hca_name):
-            raise ClaimError(f"device {device} ({hca_name or 'HCA'}) is no longer on this node")
+            raise HcaGone(f"device {device} ({hca_name or 'HCA'}) is no longer on this node")
         if not hca.usable:
-            raise ClaimError(f"device {device} ({hca.name}) cannot be used: "
-                             f"{'; '.join(hca.problems) or 'its verbs device node is missing'}")
+            raise HcaUnusable(f"device {device} ({hca.name}) cannot be used: "
+                              f"{'; '.join(hca.problems) or 'its verbs device node is missing'}")
         return hca
 
     async def _ensure_spec(self, uid: str, claim: PreparedClaim) -> None:
