@@ -93,6 +93,8 @@ class ClaimPreparer:
 
     async def prepare_claims(self, claims: Sequence[Claim | ClaimRef],
                              fetch: FetchClaim) -> dict[str, PrepareResult]:
+        if len(claims) == 1:  # the kubelet's usual call: no task to gather
+            return {claims[0].uid: await self._prepare(claims[0], fetch)}
         results = await asyncio.gather(*(self._prepare(c, fetch) for c in claims))
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
