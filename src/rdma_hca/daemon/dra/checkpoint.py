@@ -91,11 +91,11 @@ FileId = tuple[int, int, int, int]
 
 # Filesystems whose record locks the kernel keeps itself (no ``lock`` method of their own
 # that asks a server): there a lock tried without waiting never sleeps.
-_LOCAL_LOCKS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay",
+LOCAL_LOCKS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay",
                           "f2fs", "ramfs", "zfs"})
 
 
-def _filesystem(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
     """The type of the filesystem ``path`` is on (None: not known)."""
     path = os.path.realpath(path)
     best, kind = -1, None
@@ -170,7 +170,7 @@ class Checkpoint:
         if self._fd is None:
             os.makedirs(os.path.dirname(self.lock_path) or ".", exist_ok=True)
             self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self.locks_now = _filesystem(self.lock_path) in _LOCAL_LOCKS
+            self.locks_now = filesystem_of(self.lock_path) in LOCAL_LOCKS
 
     def close(self) -> None:
         self.locks_now = False
