@@ -68,6 +68,12 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
     return bits
 
 
+def _leave(read: asyncio.Future[Claim] | None) -> None:
+    """A read of the claim not needed after all: it ends on its own, its error unheard."""
+    if read is not None:
+        read.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 class SpecNotWritten(ClaimError):
     fix = ("the node's CDI directory or the driver's checkpoint cannot be written; check "
            "the disk and the driver's cdi mount, then the kubelet tries again")
@@ -115,13 +121,26 @@ class ClaimPreparer:
         known = self.prepared.verified(uid)
         if known is not None:
             return PrepareResult(known.devices)
-        known = await self.prepared.look_up(uid)
+        read: asyncio.Future[Claim] | None = None
+        if isinstance(item, ClaimRef) and uid not in self.prepared:
+            # Beside another instance the record is read again under the lock; a claim
+            # this instance has not seen on it is most likely new: read meanwhile, not after.
+            read = asyncio.ensure_future(fetch(item))
+        try:
+            known = await self.prepared.look_up(uid)
+        except BaseException:
+            _leave(read)
+            raise
         if known is not None:
+            _leave(read)
             await self._ensure_spec(uid, known)
             self.prepared.verify(uid)
             return PrepareResult(known.devices)
         # On no record: the claim as read, or read now (its record went meanwhile).
-        claim = item if isinstance(item, Claim) else await fetch(item)
+        if isinstance(item, Claim):
+            claim = item
+        else:
+            claim = await (read if read is not None else fetch(item))
         prepared, hcas = self._plan(claim)
         prepared = files.with_config(prepared, claim.device_configs(self.config.driver_name))
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
