@@ -160,14 +160,10 @@ class ClaimPreparer:
 
         async with self._devices_locked(prepared.devices):
             try:
-                await self._io.run(f"writing the CDI spec of claim {uid}", write_files)
-                try:
-                    # Answered once the entry is durable, in the batch of its moment.
-                    await self.prepared.add(uid, prepared)
-                except BaseException:
-                    # Without its checkpoint entry a restart would forget the claim: undo.
-                    await self._io.run(f"removing the CDI spec of claim {uid}", undo_files)
-                    raise
+                # Answered once the entry is durable, in the batch of its moment; the files
+                # are written on its thread just before, and undone there when the entry
+                # is not written (without it a restart would forget the claim).
+                await self.prepared.add(uid, prepared, (write_files, undo_files))
             except OSError as exc:
                 raise SpecNotWritten(f"cannot write the CDI spec or the checkpoint: {exc}") \
                     from exc
