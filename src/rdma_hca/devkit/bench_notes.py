@@ -8,26 +8,25 @@ NOTES = """\
 **One Prepare against the bare servicer** (cProfile over 100 fresh claims, default settings,
 POD_UID set, and a count of the calls run off the event loop, by key and caller). Both do the
 same I/O: one claim GET, one CDI spec and one checkpoint written with fsync and rename. The
-bare servicer hops to a worker thread once, for both writes. The driver hops six times:
+bare servicer hops to a worker thread once, for both writes. The driver hops twice:
 
-1. `kubeletplugin/serialize.py` `_lock_across_instances`: the claim's record lock in
-   `claims.lock`;
-2. `prepare.py` `_prepare_one`: the checkpoint read again under that lock (another instance
-   may have prepared the claim);
-3. `prepare.py` `_prepare_one`: the CDI spec, written and fsynced on a hop of its own;
-4. `groupcommit.py` `_write`: the checkpoint, written and fsynced;
-5. `kubeletplugin/serialize.py` `held`: the record lock released;
-6. `follow.py` `look`: the checkpoint follower reading back the file the driver has just
-   written (woken by its own rename).
+1. `prepared.py` `look_up`: the checkpoint read again under the claim's record lock (another
+   instance may have prepared the claim); the claim's GET runs meanwhile when this instance
+   has not seen the claim on the record;
+2. `groupcommit.py` `_write`: the device metadata files and the CDI spec, then the
+   checkpoint, written and fsynced on one thread (undone there when the entry is not
+   written).
 
-Each hop is a thread hand-off and a wake of the event loop (0.3 to 0.7 ms each when the
-machine is busy), and the profile shows 56 turns of the loop per Prepare against 24 for
-the bare servicer. What the bare servicer does not do: hops 1 and 2 could be one hop, and
-so could 3, 4 and 5 (the CDI spec and the checkpoint written on one thread, the lock
-released there); the follower need not read a file whose inode, size and mtime are those of
-the driver's own last write. The claim's status write after the answer (one apply) goes
-out on the loop meanwhile. Parsing and planning (`claims.py`, `_plan`, `_files_of`) are
-under 0.1 ms a claim.
+The claim's record lock in `claims.lock` is tried and dropped on the event loop: one
+`fcntl(F_OFD_SETLK)` on a descriptor opened at start, which never sleeps on a filesystem
+whose locks the kernel keeps itself (checked when the lock file is opened; elsewhere it
+runs off the loop). The checkpoint follower skips the renames of the driver's own writes
+(counted before each rename) instead of reading the file back. Each hop is a thread
+hand-off and a wake of the event loop (0.3 to 0.7 ms each when the machine is busy). What
+is left beyond the bare servicer: the checkpoint read under the lock (the price of sharing
+the checkpoint with another instance), and the claim's status write after the answer (one
+apply), which goes out on the loop meanwhile. Parsing and planning (`claims.py`, `_plan`,
+`_files_of`) are under 0.1 ms a claim.
 
 **Memory.** The footprint section splits each front end's RSS: an interpreter is about
 10 MiB, the standard library that asyncio and ssl bring about 12, grpc about 10 and

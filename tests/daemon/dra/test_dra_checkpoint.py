@@ -24,6 +24,7 @@ from rdma_hca.contract.checkpoint import (
     decode,
     encode,
 )
+from rdma_hca.daemon.dra.checkpoint import LOCAL_LOCKS, Checkpoint, filesystem_of
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
@@ -183,3 +184,25 @@ async def test_a_version_1_checkpoint_is_migrated(
     assert any("migrated from version 1 to 2" in r.getMessage() for r in caplog.records)
     data = json.loads((work / "checkpoint.json").read_text())
     assert data["version"] == CHECKPOINT_VERSION and data["checksum"].startswith("sha256:")
+
+
+def test_the_claim_locks_are_tried_on_the_loop_only_on_a_filesystem_that_keeps_them(
+        tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "30 22 0:40 / /var/lib/kubelet rw,relatime shared:9 - nfs4 srv:/k rw\n"
+        "31 30 0:41 / /var/lib/kubelet/plugins/local rw shared:10 - tmpfs tmpfs rw\n"
+        "32 22 0:42 / /mnt/with\\040space rw shared:11 - xfs /dev/sdb rw\n")
+    where = str(mountinfo)
+    assert filesystem_of("/var/lib/kubelet/plugins/rdma-hca.io/claims.lock", where) == "nfs4"
+    assert filesystem_of("/var/lib/kubelet/plugins/local/claims.lock", where) == "tmpfs"
+    assert filesystem_of("/var/lib/kubeletx/claims.lock", where) == "ext4"
+    assert filesystem_of("/mnt/with space/claims.lock", where) == "xfs"
+    assert filesystem_of("/x", str(tmp_path / "missing")) is None
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    assert not checkpoint.locks_now  # not open: opening blocks
+    checkpoint.open()
+    assert checkpoint.locks_now == (filesystem_of(str(tmp_path)) in LOCAL_LOCKS)
+    checkpoint.close()
+    assert not checkpoint.locks_now

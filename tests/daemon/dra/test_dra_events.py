@@ -9,7 +9,14 @@ from typing import Any
 
 from dra_support import DRIVER, NODE
 
-from rdma_hca.devkit.dra.stage import DraStage
+from rdma_hca.daemon.dra.claims import (
+    AllocationUnreadable,
+    ClaimError,
+    HcaGone,
+    HcaUnusable,
+    NotAllocatedHere,
+)
+from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
 
@@ -62,7 +69,8 @@ async def test_a_failed_prepare_warns_the_pod_with_the_reason_and_the_fix(
     assert event["related"]["kind"] == "ResourceClaim"
     assert event["related"]["uid"] == uid
     assert "no longer on this node" in event["note"]
-    assert "To fix: the HCA the claim was given left this node" in event["note"]
+    assert event["note"].endswith(f"To fix: {HcaGone.fix}")
+    assert "To fix: the HCA left this node after the claim was allocated" in event["note"]
     assert "HcaDeviceGone" in event["note"]
     assert event["reportingInstance"] == NODE
     assert await stage.until(lambda: bool(stage.api.events(kind="ResourceClaim")))
@@ -129,3 +137,41 @@ async def test_each_kind_of_failure_carries_its_own_fix(stage: DraStage) -> None
         "resourceclaims" in notes["denied"]
     # The Pods of another claim by the same name are not told of this one's failure.
     assert stage.api.events(kind="Pod") == []
+
+
+async def _claim_note(stage: DraStage, name: str, results: list[dict[str, Any]]) -> str:
+    """Prepare a claim that fails; the note of the Event on it."""
+    assert stage.kubelet is not None
+    uid = stage.api.add_claim("ml", name, results)
+    resp = await stage.kubelet.prepare(DRIVER, [("ml", uid, name)])
+    assert resp.claims[uid].error
+    assert await stage.until(lambda: any(
+        e["regarding"]["name"] == name for e in stage.api.events(kind="ResourceClaim")))
+    (note,) = [e["note"] for e in stage.api.events(kind="ResourceClaim")
+               if e["regarding"]["name"] == name]
+    return str(note)
+
+
+async def test_a_claim_of_another_pool_is_told_it_was_not_allocated_here(
+        stage: DraStage) -> None:
+    note = await _claim_note(stage, "elsewhere", [_result("mlx5-1", pool="node-b")])
+    assert "was allocated from pool node-b" in note
+    assert note.endswith(f"To fix: {NotAllocatedHere.fix}")
+    assert NotAllocatedHere.fix != ClaimError.fix
+
+
+async def test_an_unusable_hca_is_told_to_be_fixed(stage: DraStage, dra_node: SimNode) -> None:
+    assert stage.driver is not None
+    driver = stage.driver
+    dra_node.remove_dev_node(dra_node.uverbs_name("mlx5_1"))
+    assert await stage.until(lambda: not driver.offering.offer().hcas["mlx5-1"].usable)
+    note = await _claim_note(stage, "broken", [_result("mlx5-1")])
+    assert "device mlx5-1 (mlx5_1) cannot be used" in note
+    assert note.endswith(f"To fix: {HcaUnusable.fix}")
+    assert "the HCA is on the node but not usable" in note
+
+
+async def test_a_consumed_bandwidth_that_is_no_quantity_is_told_apart(stage: DraStage) -> None:
+    note = await _claim_note(stage, "odd", [share_result("hca", "mlx5-0", NODE, bandwidth="lots")])
+    assert "which is not a quantity" in note
+    assert note.endswith(f"To fix: {AllocationUnreadable.fix}")

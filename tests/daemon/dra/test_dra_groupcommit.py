@@ -286,3 +286,58 @@ def test_the_directory_is_fsynced_after_the_rename(
     monkeypatch.setattr(os, "fsync", fsync)
     write_file(str(path), "{}")
     assert synced[0] == (False, False) and synced[-1] == (True, True)
+
+
+def _files(path: Path, *, fails: bool = False) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A change's own file: written before the checkpoint, removed when undone."""
+
+    def write() -> None:
+        if fails:
+            raise OSError(errno.ENOSPC, "no space left on the CDI directory")
+        path.write_text("spec")
+
+    return write, lambda: path.unlink(missing_ok=True)
+
+
+async def test_a_change_whose_own_files_fail_fails_alone_in_its_batch(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+    try:
+        good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+        results = await asyncio.gather(
+            commits.apply(_entry("good"), _files(good)),
+            commits.apply(_entry("bad"), _files(bad, fails=True)), return_exceptions=True)
+        assert results[0] is None and isinstance(results[1], OSError)
+        assert commits.batches == 1 and commits.largest == 2  # one batch, one thread
+        assert _on_disk(checkpoint.path) == {"good"}
+        assert good.exists() and not bad.exists()
+    finally:
+        checkpoint.close()
+
+
+async def test_files_whose_entry_is_not_written_are_undone(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"),
+                            deadline=0.2)
+    other = _hold_file_lock(checkpoint.lock_path)
+    spec = tmp_path / "spec.json"
+    try:
+        # The checkpoint cannot be written: the files written first are removed again.
+        commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+        with pytest.raises(CheckpointBusy):
+            await commits.apply(_entry("x"), _files(spec))
+        assert not spec.exists() and checkpoint.writes == 0
+        # The caller gives up while its files are on disk and the batch waits for the lock.
+        checkpoint.deadline = 30.0
+        call = asyncio.create_task(commits.apply(_entry("y"), _files(spec)))
+        await _until(lambda: checkpoint.lock_waits > 0 and spec.exists())
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        os.close(other)
+        other = -1
+        await _until(lambda: commits.in_flight == 0 and not spec.exists())
+        assert checkpoint.writes == 0 and not os.path.exists(checkpoint.path)
+    finally:
+        if other >= 0:
+            os.close(other)
+        checkpoint.close()

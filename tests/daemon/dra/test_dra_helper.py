@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from rdma_hca.daemon.dra.claims import ClaimError, ClaimRef, parse_claim
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.kubeletplugin.fetch import check_claim
 from rdma_hca.daemon.dra.kubeletplugin.options import DraConfigError, HelperOptions
+from rdma_hca.daemon.dra.kubeletplugin.serialize import ClaimBusy, ClaimLocks
 from rdma_hca.devkit.dra.stage import DraStage
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.settings.model import DraConfig, Settings
 
 
@@ -123,3 +126,41 @@ def test_the_options_are_checked_once_with_a_fix_in_each_message(tmp_path: Path)
         _options(tmp_path, pod_uid="a/b").check()
     with pytest.raises(DraConfigError, match="use a shorter kubelet root directory"):
         _options(tmp_path, plugins_dir="/" + "d" * 120).check()
+
+
+class _Records:
+    """Record locks that note the thread each call ran on; one claim held elsewhere."""
+
+    def __init__(self, *, locks_now: bool, held: str = "") -> None:
+        self.locks_now = locks_now
+        self.held = held
+        self.threads: list[tuple[str, int]] = []
+
+    def try_lock_claim(self, uid: str) -> bool:
+        self.threads.append(("lock", threading.get_ident()))
+        return uid != self.held
+
+    def unlock_claim(self, uid: str) -> None:
+        self.threads.append(("unlock", threading.get_ident()))
+
+
+@pytest.mark.parametrize("locks_now", [True, False])
+async def test_the_record_lock_is_tried_on_the_loop_only_where_it_cannot_wait(
+        locks_now: bool) -> None:
+    records = _Records(locks_now=locks_now)
+    locks = ClaimLocks(records, OffLoop(5.0), wait=1.0, lock_path="claims.lock")
+    async with locks.held("a"):
+        pass
+    loop_thread = threading.get_ident()
+    assert [what for what, _ in records.threads] == ["lock", "unlock"]
+    assert all((thread == loop_thread) is locks_now for _, thread in records.threads)
+
+
+async def test_a_record_lock_held_elsewhere_is_tried_again_until_the_wait_ends() -> None:
+    records = _Records(locks_now=True, held="a")
+    locks = ClaimLocks(records, OffLoop(5.0), wait=0.05, lock_path="claims.lock")
+    with pytest.raises(ClaimBusy, match=r"claims\.lock"):
+        async with locks.held("a"):
+            pass
+    assert locks.lock_waits >= 2 and len(records.threads) == locks.lock_waits
+    assert all(what == "lock" for what, _ in records.threads)  # never taken: never dropped

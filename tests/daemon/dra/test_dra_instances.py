@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import shutil
 import socket
@@ -17,7 +18,7 @@ import pytest
 from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
-from rdma_hca.daemon.dra.checkpoint import Checkpoint
+from rdma_hca.daemon.dra.checkpoint import Checkpoint, write_file
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
@@ -33,6 +34,7 @@ from rdma_hca.devkit.dra.stage import DraStage, share_result
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.unixserver import UnixServer
 from rdma_hca.settings.config import DraConfig
@@ -422,6 +424,60 @@ async def test_the_follower_hands_on_what_the_other_instance_wrote(tmp_path: Pat
         assert seen[-1] == ({"y": _claim("y"), "z": _claim("z")}, False)
     finally:
         a.close()
+        b.close()
+
+
+async def test_the_follower_skips_its_own_writes_and_hands_on_the_others(
+        tmp_path: Path) -> None:
+    path, lock = str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock")
+    a, b = Checkpoint(path, lock), Checkpoint(path, lock)
+    seen: list[tuple[Claims | None, bool]] = []
+    io = OffLoop(5.0)
+    a.update(lambda c: c.__setitem__("x", _claim("x")), {})
+    follower = CheckpointFollower(b, io.run, lambda c, f: seen.append((c, f)), backstop=60.0)
+    task = asyncio.create_task(follower.run())
+    try:
+        assert await wait_until(lambda: follower.handed == 1, 5.0)  # the look at start
+        # B's own write: its rename is not read back.
+        await io.run("b writes", lambda: b.update(lambda c: c.__setitem__("y", _claim("y")), {}))
+        assert await wait_until(lambda: follower.own_skipped == 1, 5.0)
+        assert follower.handed == 1
+        # A's write still wakes it, and carries B's entry read under the lock.
+        await io.run("a writes", lambda: a.update(lambda c: c.__setitem__("z", _claim("z")), {}))
+        assert await wait_until(lambda: follower.handed == 2, 5.0)
+        claims, foreign = seen[-1]
+        assert claims is not None and set(claims) == {"x", "y", "z"} and foreign
+        assert follower.own_skipped == 1
+    finally:
+        await cancel_all([task])
+        a.close()
+        b.close()
+
+
+async def test_a_write_of_ours_that_fails_after_its_rename_is_still_followed(
+        tmp_path: Path) -> None:
+    path, lock = str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock")
+
+    def renamed_then_failed(where: str, text: str) -> None:
+        write_file(where, text)
+        raise OSError(errno.EIO, "the directory's fsync failed")
+
+    b = Checkpoint(path, lock, write=renamed_then_failed)
+    seen: list[tuple[Claims | None, bool]] = []
+    io = OffLoop(5.0)
+    follower = CheckpointFollower(b, io.run, lambda c, f: seen.append((c, f)), backstop=60.0)
+    task = asyncio.create_task(follower.run())
+    try:
+        await asyncio.sleep(0.1)  # the watch is up; no file yet: nothing handed on
+        with pytest.raises(OSError):
+            await io.run("b writes",
+                         lambda: b.update(lambda c: c.__setitem__("y", _claim("y")), {}))
+        # Whether its rename landed is not known to the writer: the follower looks.
+        assert await wait_until(lambda: follower.handed == 1, 5.0)
+        assert seen[-1][0] == {"y": _claim("y")}
+        assert b.renames == 0
+    finally:
+        await cancel_all([task])
         b.close()
 
 

@@ -89,6 +89,32 @@ def claim_offset(uid: str) -> int:
 
 FileId = tuple[int, int, int, int]
 
+# Filesystems whose record locks the kernel keeps itself (no ``lock`` method of their own
+# that asks a server): there a lock tried without waiting never sleeps.
+LOCAL_LOCKS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay",
+                          "f2fs", "ramfs", "zfs"})
+
+
+def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem ``path`` is on (None: not known)."""
+    path = os.path.realpath(path)
+    best, kind = -1, None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields, _, tail = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 5 or not tail:
+                    continue
+                # Spaces in a mount point are written as \040.
+                point = parts[4].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) > best:
+                    best, kind = len(point), tail.split()[0]
+    except OSError:
+        return None
+    return kind
+
 
 def _file_id(path: str) -> FileId | None:
     """Which version of the file is there: every write is a rename to a new inode."""
@@ -116,12 +142,19 @@ class Checkpoint:
         self.write = write  # (path, text): one durable write of the whole file
         self.deadline = deadline
         self.writes = 0  # whole-file writes made (each one fsync), counted once done
+        # Writes of ours begun, counted before their rename: a follower may skip as many
+        # of the file's rename events (``follow.py``). A write that fails takes its count
+        # back and calls ``on_unsure`` (from its thread): whether it renamed is not known.
+        self.renames = 0
+        self.on_unsure: Callable[[], None] | None = None
         self.lock_waits = 0  # times the file lock was held elsewhere when tried
         # A version written by another instance was read under the lock and carried into
         # a write of ours: what the follower must hand on although the file is ours now.
         self._merged_foreign = False
         self._merged_lock = threading.Lock()
         self._fd: int | None = None
+        # The claims' locks may be tried and dropped on the event loop: see open().
+        self.locks_now = False
         self._local = threading.Lock()
         self.written: FileId | None = None  # the version this instance wrote last
         # The claims of the version last read or written: a file nobody else wrote since
@@ -129,11 +162,18 @@ class Checkpoint:
         self._cache: tuple[FileId, Claims] | None = None
 
     def open(self) -> None:
+        """Open the lock file (blocks). On a filesystem whose locks the kernel keeps
+        itself, trying a claim's lock then costs one ``fcntl(F_OFD_SETLK)`` on this open
+        descriptor: it takes the kernel's lock list spinlock, never sleeps and never
+        touches the disk, so it may run on the event loop (``locks_now``); elsewhere (a
+        network filesystem asks its server) it runs off the loop."""
         if self._fd is None:
             os.makedirs(os.path.dirname(self.lock_path) or ".", exist_ok=True)
             self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.locks_now = filesystem_of(self.lock_path) in LOCAL_LOCKS
 
     def close(self) -> None:
+        self.locks_now = False
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -204,7 +244,14 @@ class Checkpoint:
                     if time.monotonic() > end:
                         raise CheckpointBusy(f"gave up writing {self.path}: its caller's "
                                              f"deadline of {end - start:.3g} s passed")
-                    self.write(self.path, encode(claims))
+                    self.renames += 1
+                    try:
+                        self.write(self.path, encode(claims))
+                    except BaseException:
+                        self.renames -= 1
+                        if self.on_unsure is not None:
+                            self.on_unsure()
+                        raise
                     # Counted once in place: the follower reads again when this moved
                     # during its read, so a version older than ours is never handed on
                     # after a Prepare has gone on with its entry.

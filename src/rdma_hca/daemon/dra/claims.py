@@ -123,6 +123,28 @@ class ClaimError(ValueError):
            "device")
 
 
+class NotAllocatedHere(ClaimError):
+    fix = ("the claim was not allocated on this node for this driver; delete the pod so the "
+           "scheduler allocates it again")
+
+
+class HcaGone(ClaimError):
+    fix = ("the HCA left this node after the claim was allocated; the node's Events "
+           "(HcaDeviceGone, HcaPortDown) say why. Delete the pod so the scheduler allocates "
+           "another device")
+
+
+class HcaUnusable(ClaimError):
+    fix = ("the HCA is on the node but not usable (its problem is above); fix the HCA, or "
+           "delete the pod so the scheduler allocates another device")
+
+
+class AllocationUnreadable(ClaimError):
+    fix = ("the claim's allocation says what it consumed of a device in a form the driver "
+           "cannot take (the problem is above); delete the pod so the scheduler allocates "
+           "the claim again, and report it if it comes back")
+
+
 class ClaimConfigError(ClaimError, HcaConfigError):
     """The claim's parameters for this driver cannot be taken (its fix: :attr:`fix`)."""
 

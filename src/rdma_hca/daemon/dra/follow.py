@@ -13,11 +13,20 @@ The file's directory is watched through inotify, with a slow backstop look in ca
 event was lost. Reads run off the loop. A read during which a write of this instance
 landed is done again: a Prepare that has just written its entry must not see its
 claim taken away by the older version the read found.
+
+The rename of a write of this instance is not looked at: its version holds nothing this
+instance does not know, unless it carried another instance's write, whose own rename
+wakes the follower. Every write of ours is counted before it renames the file
+(``Checkpoint.renames``), so as many of the file's events are skipped; which events
+are skipped does not matter, only that each event past those skipped is looked at,
+after the renames before it. A write that fails (it may not have renamed) wakes the
+follower, and a watch started again forgets what it owed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -51,10 +60,19 @@ class CheckpointFollower:
         self._wake = asyncio.Event()
         self._seen: FileId | None = None  # the version handed on last
         self._failing = Latch()
+        self._skipped_to = checkpoint.renames  # writes of ours whose event was skipped
         self.handed = 0  # versions handed on
         self.foreign = 0  # of which another instance had written
+        self.own_skipped = 0  # events of our own writes not looked at
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def unsure() -> None:  # on a writing thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody follows
+                loop.call_soon_threadsafe(self._unsure)
+
+        self.checkpoint.on_unsure = unsure
         watcher = asyncio.create_task(self._watch(), name="dra-checkpoint-watch-dir")
         try:
             while True:
@@ -62,13 +80,26 @@ class CheckpointFollower:
                 self._wake.clear()
                 await self.look()
         finally:
+            self.checkpoint.on_unsure = None
             await cancel_all([watcher])
+
+    def _unsure(self) -> None:
+        self._skipped_to = min(self._skipped_to, self.checkpoint.renames)
+        self._wake.set()
 
     async def _watch(self) -> None:
         path = self.checkpoint.path
         name = os.path.basename(path)
         async for event in watch_dir(os.path.dirname(path) or "."):
-            if event.watching or event.gone or event.name == name:
+            if event.name == name and not event.removed:
+                if self.checkpoint.renames > self._skipped_to:
+                    self._skipped_to += 1  # a rename of ours, begun before this event
+                    self.own_skipped += 1
+                    continue
+                self._wake.set()
+            elif event.watching or event.gone or event.name is None or event.name == name:
+                # Events may have been lost: none is owed, look now.
+                self._skipped_to = self.checkpoint.renames
                 self._wake.set()
 
     async def look(self) -> bool:

@@ -10,11 +10,17 @@ entry is on disk, and a write that fails fails every change it carried. A change
 caller gave up (cancelled, or failed at its deadline) before the write is left out of it,
 and a batch left with no change is not written: nothing lands on disk for a caller that
 has already undone its side (a Prepare that removed its CDI spec).
+
+A change may bring files of its own (a Prepare's CDI spec and device metadata), written
+on the same thread just before the checkpoint, so that a Prepare hands work to a thread
+once: a change whose files fail fails alone, and files whose entry is not written (the
+checkpoint write failed, or their caller gave up before it) are undone there too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -22,9 +28,14 @@ from typing import Any, TypeVar
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 Change = Callable[[Claims], Any]
 Run = Callable[[str, Callable[[], Claims]], Awaitable[Claims]]
+# A change's own files: (write, undo), both blocking; written before the checkpoint.
+Files = tuple[Callable[[], None], Callable[[], None]]
+Pending = tuple[Change, "asyncio.Future[Any]", Files | None]
 
 
 class GroupCommit:
@@ -39,7 +50,7 @@ class GroupCommit:
         self.checkpoint = checkpoint
         self._run = run
         self._known = known
-        self._pending: list[tuple[Change, asyncio.Future[Any]]] = []
+        self._pending: list[Pending] = []
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0  # read-modify-writes run (each writes at most once)
         self.largest = 0  # most changes one of them carried
@@ -51,10 +62,11 @@ class GroupCommit:
         """Changes waiting for the next batch."""
         return len(self._pending)
 
-    async def apply(self, change: Callable[[Claims], T]) -> T:
-        """``change``'s result, once the claims it changed are durable."""
+    async def apply(self, change: Callable[[Claims], T], files: Files | None = None) -> T:
+        """``change``'s result, once the claims it changed are durable (and ``files``
+        written before them)."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((change, future))
+        self._pending.append((change, future, files))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_all(), name="dra-checkpoint-write")
         # Shielded: a caller that stops waiting leaves the batch (and the others) alone;
@@ -75,43 +87,93 @@ class GroupCommit:
                 await self._write(batch)
         finally:
             self._writer = None
-            for _, future in self._pending:  # only when cancelled (the driver stops)
+            for _, future, _ in self._pending:  # only when cancelled (the driver stops)
                 future.cancel()
             self._pending = []
 
-    async def _write(self, batch: list[tuple[Change, asyncio.Future[Any]]]) -> None:
-        batch = [(change, future) for change, future in batch if not future.done()]
+    async def _write(self, batch: list[Pending]) -> None:
+        batch = [pending for pending in batch if not pending[1].done()]
         if not batch:
             self.skipped += 1
             return
-        results: list[Any] = []
+        results: list[Any] = [None] * len(batch)
+        failed: dict[int, Exception] = {}  # changes whose own files could not be written
+        left_out: set[int] = set()
 
         def change_all(claims: Claims) -> None:
             # On the writing thread, under the file lock, just before the write: a caller
             # that gave up meanwhile (its future is done) has its change left out.
-            results[:] = [None if future.done() else change(claims)
-                          for change, future in batch]
+            for i, (change, future, _) in enumerate(batch):
+                if i in failed:
+                    continue
+                if future.done():
+                    left_out.add(i)
+                else:
+                    results[i] = change(claims)
 
         fallback = dict(self._known())
         deadline = time.monotonic() + self.checkpoint.deadline
+
+        def commit() -> Claims:
+            written = self._write_files(batch, failed)
+            if len(failed) == len(batch):
+                return {}
+            try:
+                claims = self.checkpoint.update(change_all, fallback, deadline=deadline)
+            except BaseException:
+                _undo(batch, written)
+                raise
+            _undo(batch, [i for i in written if i in left_out])
+            return claims
+
         self.batches += 1
         self.largest = max(self.largest, len(batch))
         self.in_flight = len(batch)
         try:
-            await self._run(f"writing the checkpoint {self.checkpoint.path}",
-                            lambda: self.checkpoint.update(change_all, fallback,
-                                                           deadline=deadline))
+            await self._run(f"writing the checkpoint {self.checkpoint.path}", commit)
         except asyncio.CancelledError:
-            for _, future in batch:
+            for _, future, _ in batch:
                 future.cancel()
             raise
         except Exception as exc:
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
         finally:
             self.in_flight = 0
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        for i, (_, future, _) in enumerate(batch):
+            if future.done():
+                continue
+            if i in failed:
+                future.set_exception(failed[i])
+            else:
+                future.set_result(results[i])
+
+    @staticmethod
+    def _write_files(batch: list[Pending], failed: dict[int, Exception]) -> list[int]:
+        """On the writing thread: each change's own files; which were written."""
+        written = []
+        for i, (_, future, files) in enumerate(batch):
+            if files is None or future.done():
+                continue
+            try:
+                files[0]()
+            except Exception as exc:  # that change alone fails
+                failed[i] = exc
+            else:
+                written.append(i)
+        return written
+
+
+def _undo(batch: list[Pending], which: list[int]) -> None:
+    """The files of changes whose entries were not written: removed, as best it can."""
+    for i in which:
+        files = batch[i][2]
+        if files is None:
+            continue
+        try:
+            files[1]()
+        except OSError as exc:
+            log.warning("cannot remove the files of a change the checkpoint did not take: %s",
+                        exc)

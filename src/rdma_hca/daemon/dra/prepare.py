@@ -25,7 +25,17 @@ from rdma_hca.contract.cdi import cdi_id
 from rdma_hca.contract.checkpoint import PreparedClaim, PreparedDevice, Share
 from rdma_hca.contract.dra import BANDWIDTH
 from rdma_hca.daemon.dra import files, metadata
-from rdma_hca.daemon.dra.claims import AllocatedDevice, Claim, ClaimError, ClaimRef, claim_field
+from rdma_hca.daemon.dra.claims import (
+    AllocatedDevice,
+    AllocationUnreadable,
+    Claim,
+    ClaimError,
+    ClaimRef,
+    HcaGone,
+    HcaUnusable,
+    NotAllocatedHere,
+    claim_field,
+)
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
 from rdma_hca.daemon.dra.hooks import ClaimHooks
@@ -49,12 +59,19 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
     try:
         bits = int(parse_quantity(text))  # whole bits, rounded up as the API's Value()
     except QuantityError as exc:
-        raise ClaimError(f"the allocation of device {r.device} consumed {text!r} of "
-                         f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}") from exc
+        raise AllocationUnreadable(f"the allocation of device {r.device} consumed {text!r} of "
+                                   f"{driver}/{BANDWIDTH}, which is not a quantity: {exc}"
+                                   ) from exc
     if bits < 0:
-        raise ClaimError(f"the allocation of device {r.device} consumed a negative "
-                         f"{driver}/{BANDWIDTH} ({text})")
+        raise AllocationUnreadable(f"the allocation of device {r.device} consumed a negative "
+                                   f"{driver}/{BANDWIDTH} ({text})")
     return bits
+
+
+def _leave(read: asyncio.Future[Claim] | None) -> None:
+    """A read of the claim not needed after all: it ends on its own, its error unheard."""
+    if read is not None:
+        read.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 class SpecNotWritten(ClaimError):
@@ -82,6 +99,8 @@ class ClaimPreparer:
 
     async def prepare_claims(self, claims: Sequence[Claim | ClaimRef],
                              fetch: FetchClaim) -> dict[str, PrepareResult]:
+        if len(claims) == 1:  # the kubelet's usual call: no task to gather
+            return {claims[0].uid: await self._prepare(claims[0], fetch)}
         results = await asyncio.gather(*(self._prepare(c, fetch) for c in claims))
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
@@ -102,13 +121,26 @@ class ClaimPreparer:
         known = self.prepared.verified(uid)
         if known is not None:
             return PrepareResult(known.devices)
-        known = await self.prepared.look_up(uid)
+        read: asyncio.Future[Claim] | None = None
+        if isinstance(item, ClaimRef) and uid not in self.prepared:
+            # Beside another instance the record is read again under the lock; a claim
+            # this instance has not seen on it is most likely new: read meanwhile, not after.
+            read = asyncio.ensure_future(fetch(item))
+        try:
+            known = await self.prepared.look_up(uid)
+        except BaseException:
+            _leave(read)
+            raise
         if known is not None:
+            _leave(read)
             await self._ensure_spec(uid, known)
             self.prepared.verify(uid)
             return PrepareResult(known.devices)
         # On no record: the claim as read, or read now (its record went meanwhile).
-        claim = item if isinstance(item, Claim) else await fetch(item)
+        if isinstance(item, Claim):
+            claim = item
+        else:
+            claim = await (read if read is not None else fetch(item))
         prepared, hcas = self._plan(claim)
         prepared = files.with_config(prepared, claim.device_configs(self.config.driver_name))
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
@@ -128,14 +160,10 @@ class ClaimPreparer:
 
         async with self._devices_locked(prepared.devices):
             try:
-                await self._io.run(f"writing the CDI spec of claim {uid}", write_files)
-                try:
-                    # Answered once the entry is durable, in the batch of its moment.
-                    await self.prepared.add(uid, prepared)
-                except BaseException:
-                    # Without its checkpoint entry a restart would forget the claim: undo.
-                    await self._io.run(f"removing the CDI spec of claim {uid}", undo_files)
-                    raise
+                # Answered once the entry is durable, in the batch of its moment; the files
+                # are written on its thread just before, and undone there when the entry
+                # is not written (without it a restart would forget the claim).
+                await self.prepared.add(uid, prepared, (write_files, undo_files))
             except OSError as exc:
                 raise SpecNotWritten(f"cannot write the CDI spec or the checkpoint: {exc}") \
                     from exc
@@ -166,14 +194,14 @@ class ClaimPreparer:
         driver, pool = self.config.driver_name, self.config.pool_name
         ours = claim.of(driver)
         if not ours:
-            raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} has no device of "
-                             f"driver {driver} allocated")
+            raise NotAllocatedHere(f"ResourceClaim {claim.namespace}/{claim.name} has no "
+                                   f"device of driver {driver} allocated")
         hcas: dict[str, tuple[Hca, ...]] = {}
         devices: dict[str, PreparedDevice] = {}
         for r in ours:
             if r.pool != pool:
-                raise ClaimError(f"device {r.device} was allocated from pool {r.pool}, not "
-                                 f"from this node's pool {pool}")
+                raise NotAllocatedHere(f"device {r.device} was allocated from pool {r.pool}, "
+                                       f"not from this node's pool {pool}")
             if r.device not in hcas:
                 hcas[r.device] = self._hcas_of(r.device, None)
             # Admin access watches the HCA beside its holders: it holds no share of it.
@@ -214,17 +242,17 @@ class ClaimPreparer:
         usable = every_usable(group)
         if not usable:
             why = "; ".join(p for h in group for p in h.problems) or "no verbs device node"
-            raise ClaimError(f"device {device} stands for every HCA of this node, and none "
-                             f"can be used now: {why}")
+            raise HcaUnusable(f"device {device} stands for every HCA of this node, and none "
+                              f"can be used now: {why}")
         return usable
 
     def _hca(self, device: str, hca_name: str | None) -> Hca:
         hca = self._offer().hcas.get(device)
         if hca is None or (hca_name is not None and hca.name != hca_name):
-            raise ClaimError(f"device {device} ({hca_name or 'HCA'}) is no longer on this node")
+            raise HcaGone(f"device {device} ({hca_name or 'HCA'}) is no longer on this node")
         if not hca.usable:
-            raise ClaimError(f"device {device} ({hca.name}) cannot be used: "
-                             f"{'; '.join(hca.problems) or 'its verbs device node is missing'}")
+            raise HcaUnusable(f"device {device} ({hca.name}) cannot be used: "
+                              f"{'; '.join(hca.problems) or 'its verbs device node is missing'}")
         return hca
 
     async def _ensure_spec(self, uid: str, claim: PreparedClaim) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
-from rdma_hca.daemon.dra.groupcommit import GroupCommit
+from rdma_hca.daemon.dra.groupcommit import Files, GroupCommit
 from rdma_hca.kit.offloop import OffLoop
 
 
@@ -76,10 +76,10 @@ class PreparedClaims(Mapping[str, PreparedClaim]):
         if uid in self._claims:
             self._verified.add(uid)
 
-    async def add(self, uid: str, claim: PreparedClaim) -> None:
+    async def add(self, uid: str, claim: PreparedClaim, files: Files | None = None) -> None:
         """Record a claim just prepared: once its entry is durable (in the group commit's
-        batch of its moment), it is known and verified."""
-        await self.commits.apply(lambda claims: claims.__setitem__(uid, claim))
+        batch of its moment, ``files`` written just before it), it is known and verified."""
+        await self.commits.apply(lambda claims: claims.__setitem__(uid, claim), files)
         self._claims[uid] = claim
         self._verified.add(uid)
 

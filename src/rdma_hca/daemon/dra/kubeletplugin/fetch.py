@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rdma_hca.daemon.dra.claims import Claim, ClaimError, ClaimRef, parse_claim
+from rdma_hca.daemon.dra.claims import (
+    Claim,
+    ClaimError,
+    ClaimRef,
+    NotAllocatedHere,
+    parse_claim,
+)
 from rdma_hca.kube.errors import KubeError
 
 FORBIDDEN = 403
@@ -19,11 +25,6 @@ FORBIDDEN = 403
 
 class ClaimRecreated(ClaimError):
     fix = "the claim was re-created; delete the pod so it is scheduled with the new claim"
-
-
-class NotAllocatedHere(ClaimError):
-    fix = ("the claim was not allocated on this node for this driver; delete the pod so the "
-           "scheduler allocates it again")
 
 
 class ClaimUnreadable(ClaimError):

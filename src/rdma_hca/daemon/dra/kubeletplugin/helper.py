@@ -177,13 +177,15 @@ class Helper:
                              fetch: FetchClaim) -> dict[str, PrepareResult]:
         """Read what the record does not hold, take the locks, call the driver once."""
 
-        async def first(ref: ClaimRef) -> Claim | ClaimRef:
-            return ref if self._prepared.holds(ref.uid) else await fetch(ref)
-
         results: dict[str, PrepareResult] = {}
         ready: list[Claim | ClaimRef] = []
-        found = await asyncio.gather(*(first(r) for r in unique), return_exceptions=True)
-        for ref, got in zip(unique, found, strict=True):
+        # The claims on record need no read: no task of their own.
+        held = [r for r in unique if self._prepared.holds(r.uid)]
+        to_read = [r for r in unique if not self._prepared.holds(r.uid)]
+        found: list[Claim | ClaimRef | BaseException] = list(held)
+        if to_read:
+            found += await asyncio.gather(*(fetch(r) for r in to_read), return_exceptions=True)
+        for ref, got in zip([*held, *to_read], found, strict=True):
             if isinstance(got, Exception):
                 results[ref.uid] = PrepareResult.failed(got)
             elif isinstance(got, BaseException):

@@ -28,7 +28,14 @@ class ClaimBusy(ClaimError):
 
 
 class RecordLocks(Protocol):
-    """The claims' record locks in the shared lock file (blocking calls, run off the loop)."""
+    """The claims' record locks in the shared lock file: tried, never waited for.
+
+    Off the loop, unless ``locks_now``: then trying a lock and dropping one are each a
+    syscall that cannot wait (on a descriptor already open, of a filesystem whose locks
+    the kernel keeps itself), run on the event loop to spare two thread hand-offs.
+    """
+
+    locks_now: bool
 
     def try_lock_claim(self, uid: str) -> bool: ...
     def unlock_claim(self, uid: str) -> None: ...
@@ -56,8 +63,7 @@ class ClaimLocks:
                 try:
                     yield
                 finally:
-                    await self._io.run(f"unlocking claim {uid}",
-                                    lambda: self._records.unlock_claim(uid))
+                    await self._unlock_across_instances(uid)
         finally:
             self._users[uid] -= 1
             if not self._users[uid]:
@@ -85,13 +91,28 @@ class ClaimLocks:
         Tried without blocking, again and again: a thread blocked in ``lockf`` could not
         be given up on, and would take the lock after we had stopped waiting for it.
         """
+        if await self._try_lock(uid):
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._wait
-        backoff = Backoff(LOCK_RETRY_FIRST, LOCK_RETRY_MAX)
-        while not await self._io.run(f"locking claim {uid}",
-                                  lambda: self._records.try_lock_claim(uid)):
+        backoff = Backoff(LOCK_RETRY_FIRST, LOCK_RETRY_MAX)  # made only when it is needed
+        while True:
             self.lock_waits += 1
             if loop.time() >= deadline:
                 raise ClaimBusy(f"another instance of the driver has been working on this "
                                  f"claim for {self._wait:g} s (its lock in {self._lock_path})")
             await asyncio.sleep(backoff.next())
+            if await self._try_lock(uid):
+                return
+
+    async def _try_lock(self, uid: str) -> bool:
+        if self._records.locks_now:
+            return self._records.try_lock_claim(uid)  # cannot wait: see RecordLocks
+        return await self._io.run(f"locking claim {uid}",
+                                  lambda: self._records.try_lock_claim(uid))
+
+    async def _unlock_across_instances(self, uid: str) -> None:
+        if self._records.locks_now:
+            self._records.unlock_claim(uid)  # dropping a lock held never waits
+            return
+        await self._io.run(f"unlocking claim {uid}", lambda: self._records.unlock_claim(uid))
