@@ -17,7 +17,7 @@ it made (each priced by what one costs in a fresh interpreter).
 The bare floor is ``bench_bare``: a process that imports grpc and serves one unix socket,
 started, asked one Allocate and measured in the same run.
 
-``python -m rdma_hca.devkit.bench_footprint [--quick]`` runs this section alone and prints
+``python -m rdma_hca.devkit.bench_footprint_alone [--quick]`` runs this section alone and prints
 its figures and their split as JSON (``make bench`` runs it with the rest).
 """
 
@@ -379,40 +379,3 @@ async def footprint_figures(bench: Any, quick: bool) -> list[Figure]:
                                   "bare_start_ms": bare_start, **fronts}
     return figures(fronts, bare_rss, bare_start)
 
-
-def _alone(quick: bool) -> int:
-    """This section alone, on a node and kubelet emulator of its own; JSON on stdout."""
-    import shutil
-
-    from rdma_hca.devkit.bench_plan import FULL, QUICK
-    from rdma_hca.devkit.bench_steps import Bench
-
-    workdir = footprint_tmp()
-
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    bench = Bench(QUICK if quick else FULL, workdir, say)
-
-    async def run() -> list[Figure]:
-        await bench.kubelet.start()
-        try:
-            return await footprint_figures(bench, quick)
-        finally:
-            await bench.stop_all()
-            await bench.kubelet.stop()
-
-    try:
-        got = asyncio.run(run())
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps({"figures": [{"key": f.key, "label": f.label, "unit": f.unit,
-                                   "ours": f.ours, "baseline": f.baseline,
-                                   "ratio": f.ratio, "met": f.met, "note": f.note}
-                                  for f in got],
-                      "details": bench.details["footprint"]}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_alone("--quick" in sys.argv[1:]))
