@@ -188,3 +188,10 @@ def test_allocate_latency_is_written_as_the_client_histogram_writes_it() -> None
 
     assert created_dropped(ours) == created_dropped(want)
     assert 'rdma_hca_allocate_duration_seconds_count{resource="rdma/late"} 1.0' in ours
+    # With no pool (the DRA driver alone), the family is there without series, as before.
+    empty = ClientHistogram("rdma_hca_allocate_duration_seconds", "Time to answer Allocate",
+                            ["resource"], registry=None, buckets=BUCKETS)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(empty)
+    alone = render(STATUS).decode()
+    assert alone.endswith(generate_latest(registry).decode())

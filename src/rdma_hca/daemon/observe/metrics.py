@@ -307,8 +307,7 @@ def render(status: Status, extra: Iterable[Collects] = (), http_rejected: int = 
     after = CollectorRegistry(auto_describe=False)
     after.register(_Collect(families.after_ports))
     after.register(_PROCESS)
-    if status.allocate_seconds:
-        after.register(_Collect(families.allocate_latency))
+    after.register(_Collect(families.allocate_latency))
     for c in extra:
         after.register(_Collect(c.collect))
     port_text = (ports or PortText()).get(status.hcas, status.counters, status.state_changes)
