@@ -206,7 +206,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench(args.out_dir, args.quick)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``serve_only``: with the ``serve`` subcommand alone, for a
+    command line that names it (the tools' parsers load the tools' modules: about 150 ms
+    that a daemon starting would spend before registering)."""
     parser = argparse.ArgumentParser(
         prog="rdma-hca",
         description="Kubernetes device plugin offering the node's RDMA HCAs as rdma/hca.",
@@ -217,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the device plugin until SIGTERM or SIGINT")
     _serve_flags(serve)
     serve.set_defaults(func=cmd_serve)
+    if serve_only:
+        return parser
 
     disc = sub.add_parser("discover", help="print the node's RDMA HCAs, ports and device nodes")
     disc.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -347,7 +352,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None,
           named: list[str]) -> int:
     env = os.environ if env is None else env
-    parser = build_parser()
+    # The subcommand is the first word that is not a flag (the top level takes no values).
+    parser = build_parser(serve_only=named[0] == "serve")
     # argparse's own output (--help, usage errors) already ignores a closed pipe.
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -55,9 +55,10 @@ def serve_argv(gpu: SimNode, plugin_dir: Path) -> list[str]:
             "--metrics-address", ""]
 
 
-# yaml's C parser loads while the CLI's own modules load (before main runs); gRPC's core
-# while serve's daemon modules load (before its event loop takes the signals over).
-MOMENTS = {"cli-imports": "_yaml", "daemon-imports": "cygrpc"}
+# decimal's C module loads while the CLI's own modules load (before main runs; serve loads
+# yaml's only for a config file); gRPC's core while serve's daemon modules load (before its
+# event loop takes the signals over).
+MOMENTS = {"cli-imports": "_decimal", "daemon-imports": "cygrpc"}
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))

@@ -84,6 +84,8 @@ class StatusSnapshot:
             ),
             kubelet_restarts=self.lifecycle.kubelet_restarts,
             allocations=dict(self.allocations.total),
+            allocate_seconds=self.allocations.latency(),
+            allocate_created=dict(self.allocations.created),
             ipv6_ready=self.judge.ipv6_ready,
             counters=self.health.counters,
             state_changes=self.health.state_changes,

@@ -191,7 +191,6 @@ class Daemon:
             self.node_events.observe(inventory)
         if self.settings.metrics_address:
             server = MetricsServer(self.status, self.settings.metrics_address,
-                                   collectors=[self.allocations.latency],
                                    on_scrape=self.health.want_counters,
                                    max_connections=self.settings.http.max_connections,
                                    probe_socket=self.probe_socket,

@@ -7,12 +7,18 @@ node, against the devkit's fake API server over HTTP) runs as ``rdma-hca serve``
 time (in the order the command itself loads them), noting VmRSS after each; what a package
 costs is its growth there. After registration and again after a burst (2000 Allocates over
 10 connections; 100 NodePrepareResources and NodeUnprepareResources of fresh claims, 10 at
-once) the child reports its VmRSS: the imports, the anonymous memory that is not a thread
-stack (the heap: objects, caches, buffers), thread stacks, and the TLS contexts it made
-(each priced by what one costs in a fresh interpreter).
+once) the child reports its VmRSS, and once more between the two, after one ``/metrics``
+scrape: the Prometheus client is loaded by the first scrape, not at start, and a daemon on a
+node is scraped, so the figure after start is taken after that scrape (the note gives the
+one before it). Each report splits VmRSS into the imports, the anonymous memory that is
+not a thread stack (the heap: objects, caches, buffers), thread stacks, and the TLS contexts
+it made (each priced by what one costs in a fresh interpreter).
 
 The bare floor is ``bench_bare``: a process that imports grpc and serves one unix socket,
 started, asked one Allocate and measured in the same run.
+
+``python -m rdma_hca.devkit.bench_footprint_alone [--quick]`` runs this section alone and prints
+its figures and their split as JSON (``make bench`` runs it with the rest).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import grpc
 
 from rdma_hca.daemon._proto import api_pb2, api_pb2_grpc
 from rdma_hca.devkit.bench_bare import READY_LINE
-from rdma_hca.devkit.bench_procs import BenchError, Child, bare_argv, free_tcp_port
+from rdma_hca.devkit.bench_procs import BenchError, Child, bare_argv, free_tcp_port, scrape_once
 from rdma_hca.devkit.bench_report import Figure, Spec, Target, median
 
 # What `serve` imports, then what its start loads of its own (the health watch's inotify).
@@ -48,12 +54,13 @@ NODE = "bench-node"
 REPORT_TIMEOUT = 10.0
 _MIB = 1024.0
 
-FP_DP_START = Spec("fp_dp_rss_start_mib", "device plugin RSS after start", "MiB",
+FP_DP_START = Spec("fp_dp_rss_start_mib", "device plugin RSS after start and one scrape", "MiB",
                    Target(1.15, on_ratio=True), "bare grpc.aio process")
 FP_DP_BURST = Spec("fp_dp_rss_burst_mib", "device plugin RSS after 2000 Allocates", "MiB",
                    baseline_label="the same, after start")
-FP_DRA_START = Spec("fp_dra_rss_start_mib", f"DRA driver alone RSS after start, {DRA_HCAS} HCAs",
-                    "MiB", Target(50.0), "bare grpc.aio process")
+FP_DRA_START = Spec("fp_dra_rss_start_mib",
+                    f"DRA driver alone RSS after start and one scrape, {DRA_HCAS} HCAs", "MiB",
+                    Target(50.0), "bare grpc.aio process")
 FP_DRA_BURST = Spec("fp_dra_rss_burst_mib", "DRA driver alone RSS after 100 prepares", "MiB",
                     baseline_label="the same, after start")
 FP_DP_UP = Spec("fp_dp_start_ms", "start → registered, device plugin (median, phases in note)",
@@ -227,8 +234,13 @@ def figures(fronts: dict[str, dict[str, Any]], bare_rss: float,
         got = fronts.get(key)
         if got is None:
             continue
-        first, after = got["start"], got["burst"]
-        out.append(start_spec.figure(first["rss"], bare_rss, note=split_text(first)))
+        first, after = got["scraped"], got["burst"]
+        unscraped = got["start"]
+        out.append(start_spec.figure(
+            first["rss"], bare_rss,
+            note=f"after registering and one /metrics scrape: {split_text(first)}; before "
+                 f"that scrape (registered, the Prometheus client not loaded yet) "
+                 f"{unscraped['rss']:.1f} MiB: {split_text(unscraped)}"))
         out.append(burst_spec.figure(after["rss"], first["rss"], note=split_text(after)))
         out.append(up_spec.figure(median(got["start_ms"]), floor,
                                   note=f"median of {len(got['start_ms'])}, from spawning "
@@ -263,8 +275,9 @@ async def device_plugin(fp: Footprint, bench: Any, quick: bool) -> dict[str, Any
     from rdma_hca.devkit.bench_procs import serve_argv
 
     groups, tls_kib, _ = await import_groups(DP_ENTRIES)
+    metrics = f"127.0.0.1:{free_tcp_port()}"
     serve = serve_argv(str(bench.node.sysfs_root), str(bench.node.dev_root),
-                       str(bench.plugin_dir), f"127.0.0.1:{free_tcp_port()}")[4:]
+                       str(bench.plugin_dir), metrics)[4:]
     times: list[float] = []
     got: dict[str, Any] = {}
     for run in range(fp.runs):
@@ -279,6 +292,8 @@ async def device_plugin(fp: Footprint, bench: Any, quick: bool) -> dict[str, Any
             doc = await measured.take()
             got["start"] = split(doc, tls_kib)
             got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
+            await measured.child.race(scrape_once(metrics), "answering a scrape")
+            got["scraped"] = split(await measured.take(), tls_kib)
             sock = str(bench.plugin_dir / socket_name("rdma/hca"))
             await measured.child.race(_allocate_burst(sock, 400 if quick else 2000, 10),
                                       "answering the Allocate burst")
@@ -307,9 +322,10 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
         api.add_node(NODE)
         kubeconfig = api.write_kubeconfig(fp.workdir / "fp-kubeconfig")
         env = {"KUBECONFIG": str(kubeconfig), "NODE_NAME": NODE}
+        metrics = f"127.0.0.1:{free_tcp_port()}"
         serve = ["--dra", "--no-device-plugin", "--sysfs-root", str(node.sysfs_root),
                  "--dev-root", str(node.dev_root), "--kubelet-root", str(root),
-                 "--metrics-address", f"127.0.0.1:{free_tcp_port()}",
+                 "--metrics-address", metrics,
                  "--dra-start-jitter-seconds", "0"]
         for run in range(fp.runs):
             kubelet = DraKubelet(str(root), NODE)
@@ -325,6 +341,8 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
                     doc = await measured.take()
                     got["start"] = split(doc, tls_kib)
                     got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
+                    await measured.child.race(scrape_once(metrics), "answering a scrape")
+                    got["scraped"] = split(await measured.take(), tls_kib)
                     await measured.child.race(_prepare_burst(api, kubelet,
                                                              20 if quick else 100, 10),
                                               "answering the prepare burst")
@@ -360,3 +378,4 @@ async def footprint_figures(bench: Any, quick: bool) -> list[Figure]:
     bench.details["footprint"] = {"bare_rss_mib": round(bare_rss, 2),
                                   "bare_start_ms": bare_start, **fronts}
     return figures(fronts, bare_rss, bare_start)
+

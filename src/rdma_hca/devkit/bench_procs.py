@@ -202,3 +202,19 @@ def serve_argv(sysfs_root: str, dev_root: str, kubelet_dir: str, metrics_address
 def bare_argv(socket_path: str, response_path: str) -> list[str]:
     return [sys.executable, "-m", "rdma_hca.devkit.bench_bare",
             "--socket", socket_path, "--response", response_path]
+
+
+async def scrape_once(address: str, timeout: float = 10.0) -> bytes:
+    """One ``GET /metrics`` on ``HOST:PORT``; the body (a BenchError unless 200)."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise BenchError(f"GET /metrics on {address}: {head[:80]!r}")
+    return body

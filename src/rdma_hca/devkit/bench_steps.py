@@ -46,6 +46,7 @@ from rdma_hca.devkit.bench_procs import (
     cpu_percent,
     free_tcp_port,
     sample_process,
+    scrape_once,
     serve_argv,
 )
 from rdma_hca.devkit.bench_report import Figure, Spec, median, percentile
@@ -274,6 +275,9 @@ class Bench:
 
     async def measure_idle(self, serve: Child, bare: Child) -> None:
         window = self.plan.idle_seconds
+        # Scraped once, as on a node: the Prometheus client is loaded by the first scrape.
+        metrics = serve.argv[serve.argv.index("--metrics-address") + 1]
+        await serve.race(scrape_once(metrics), "answering a scrape")
         await asyncio.sleep(self.plan.settle_seconds)
         pids = {"ours": serve.pid, "bare": bare.pid}
         before = {k: sample_process(pid) for k, pid in pids.items()}
@@ -289,8 +293,8 @@ class Bench:
             rss["ours"], rss["bare"],
             note="VmRSS from /proc/PID/status after the window below: `rdma-hca serve` "
                  "registered and idle (default settings except paths; metrics on a free port; "
-                 "one Allocate answered) against the bare server process (one Allocate "
-                 "answered)."))
+                 "one Allocate answered, then one /metrics scrape) against the bare server "
+                 "process (one Allocate answered)."))
         self.put(IDLE_CPU.figure(
             cpu["ours"], cpu["bare"] if cpu["bare"] > 0 else None,
             note=f"utime+stime from /proc/PID/stat over {elapsed:.1f} s, after "

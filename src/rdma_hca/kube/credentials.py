@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rdma_hca.kube.errors import KubeconfigError
 
 SERVICE_ACCOUNT_DIR = "var/run/secrets/kubernetes.io/serviceaccount"
@@ -166,6 +164,8 @@ def _one_context(cluster: Mapping[str, Any], user: Mapping[str, Any]) -> dict[st
 
 def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str],
                      accepts: CredentialSearch) -> Credentials:
+    import yaml  # only a kubeconfig needs it; in a pod the service account's files do not
+
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as exc:

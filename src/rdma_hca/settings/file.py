@@ -5,6 +5,9 @@ is built from it, the YAML event stream is walked once (libyaml's parser keeps i
 stack, so this is safe at any depth) and refused when it is too deep, when aliases would
 expand it beyond what any config needs (the "billion laughs"), or when a number is longer
 than any setting takes. Only then is it constructed, at a depth Python can recurse to.
+
+PyYAML (about 15 ms and 1.3 MiB) is loaded when a file is read, not with this module: a
+daemon given no config file never needs it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from rdma_hca.settings.model import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
 
 MAX_FILE_BYTES = 1 << 20  # a ConfigMap holds at most 1 MiB
 MAX_DEPTH = 32  # the deepest real key is pools[i].selectors.names[j]: depth 5
@@ -26,10 +30,17 @@ MAX_NODES = 100_000  # scalars and collections after alias expansion
 MAX_ALIASES = 100
 MAX_NUMBER_CHARS = 64
 
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NUMERIC_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 # A plain scalar that YAML 1.1 could read as a number (int, float, sexagesimal, hex, octal).
 _NUMBERISH = re.compile(r"[-+]?(0[xXoObB])?[0-9a-fA-F_.:]*[0-9][0-9a-fA-F_.:eE+-]*")
+
+
+def _loader() -> type[yaml.SafeLoader]:
+    """libyaml's safe loader where PyYAML was built with it, else the Python one."""
+    import yaml
+
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return loader
 
 
 def _error(path: str, why: str) -> ConfigError:
@@ -106,6 +117,8 @@ def _check_key(path: str, frame: _Keys | None, event: Any) -> None:
     """A node inside a mapping: refuse a key given twice (YAML would keep the last)."""
     if frame is None:
         return
+    import yaml
+
     if frame.want_key and isinstance(event, yaml.ScalarEvent) and event.value != "<<":
         line = event.start_mark.line + 1 if event.start_mark is not None else 0
         first = frame.seen.get(event.value)
@@ -119,6 +132,8 @@ def _check_key(path: str, frame: _Keys | None, event: Any) -> None:
 def _check_events(path: str, text: str) -> None:
     """Refuse depth, expansion, number sizes and duplicated keys no config needs, before
     constructing."""
+    import yaml
+
     depth = 0
     aliases = 0
     anchored: dict[str, int] = {}
@@ -126,7 +141,7 @@ def _check_events(path: str, text: str) -> None:
     stack: list[list[Any]] = [[0, None]]
     # One per open collection: the keys of a mapping, None for a sequence (or the stream).
     keys: list[_Keys | None] = [None]
-    for event in yaml.parse(text, Loader=_LOADER):
+    for event in yaml.parse(text, Loader=_loader()):
         if isinstance(event, yaml.NodeEvent):
             _check_key(path, keys[-1], event)
         if isinstance(event, yaml.MappingStartEvent):
@@ -199,12 +214,14 @@ def _read(path: str) -> dict[str, Any]:
 def parse_config_text(path: str, text: str) -> dict[str, Any]:
     """The mapping YAML (or JSON) ``text`` holds, with the file's bounds and checks;
     errors name ``path`` (the file the text came from)."""
+    import yaml
+
     try:
         _check_events(path, text)
     except yaml.YAMLError as exc:
         raise _error(path, _yaml_problem(exc)) from None
     try:
-        data = yaml.load(text, Loader=_LOADER)  # a safe loader (C or Python)
+        data = yaml.load(text, Loader=_loader())  # a safe loader (C or Python)
     except yaml.YAMLError as exc:
         raise _error(path, _yaml_problem(exc)) from None
     except (ValueError, RecursionError, MemoryError) as exc:

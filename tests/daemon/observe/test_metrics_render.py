@@ -153,3 +153,45 @@ def test_attributes_left_out_of_a_device_are_counted_from_the_snapshot() -> None
     dra = DraStatus(True, 1, 0, None, attributes_dropped=4)
     s = metric_samples(render(replace(STATUS, dra=dra)).decode())
     assert s["rdma_hca_dra_attributes_dropped_total"] == [({}, 4.0)]
+
+
+def test_allocate_latency_is_written_as_the_client_histogram_writes_it() -> None:
+    """The Allocate histogram is kept as plain counts; its text is what a prometheus_client
+    Histogram labelled by resource writes for the same observations, _created included."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import Histogram as ClientHistogram
+    from prometheus_client.exposition import generate_latest
+
+    from rdma_hca.daemon.deviceplugin.allocations import BUCKETS, AllocationStats
+
+    stats = AllocationStats(["rdma/hca", "rdma/idle"])
+    client = ClientHistogram("rdma_hca_allocate_duration_seconds", "Time to answer Allocate",
+                             ["resource"], registry=None, buckets=BUCKETS)
+    client.labels("rdma/hca")
+    client.labels("rdma/idle")
+    for resource, seconds in (("rdma/hca", 0.0003), ("rdma/hca", 0.0001), ("rdma/hca", 2.0),
+                              ("rdma/late", 0.01)):
+        stats.observe(resource, seconds, True)
+        client.labels(resource).observe(seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(client)
+    want = generate_latest(registry).decode()
+    got = render(replace(STATUS, allocate_seconds=stats.latency(),
+                         allocate_created=stats.created)).decode()
+    start = got.index("# HELP rdma_hca_allocate_duration_seconds ")
+    ours = got[start:]
+
+    def created_dropped(text: str) -> list[str]:
+        # The creation times are each side's own clock readings.
+        return [line.rpartition(" ")[0] if "_created{" in line else line
+                for line in text.splitlines()]
+
+    assert created_dropped(ours) == created_dropped(want)
+    assert 'rdma_hca_allocate_duration_seconds_count{resource="rdma/late"} 1.0' in ours
+    # With no pool (the DRA driver alone), the family is there without series, as before.
+    empty = ClientHistogram("rdma_hca_allocate_duration_seconds", "Time to answer Allocate",
+                            ["resource"], registry=None, buckets=BUCKETS)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(empty)
+    alone = render(STATUS).decode()
+    assert alone.endswith(generate_latest(registry).decode())

@@ -29,14 +29,14 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.registry import Collector
-
-from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
-from rdma_hca.daemon.observe.port_metrics import PortText
 from rdma_hca.daemon.observe.status import Status
 from rdma_hca.kit.probe import UNIX_PATH_MAX
 from rdma_hca.kit.workers import WORKERS
+
+if TYPE_CHECKING:
+    from rdma_hca.daemon.observe.metrics import Collects
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _response(status: int, ctype: str, body: bytes, head_only: bool = False) -> 
 
 class MetricsServer:
     def __init__(self, status: Callable[[], Status], address: str, *,
-                 collectors: Iterable[Collector] = (),
+                 collectors: Iterable[Collects] = (),
                  on_scrape: Callable[[], None] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  probe_socket: str | None = None,
@@ -81,7 +81,7 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
         self._probe: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
-        self._ports = PortText()
+        self._ports: Any = None  # port_metrics.PortText, made by the first scrape
 
     @property
     def bound_port(self) -> int:
@@ -144,9 +144,10 @@ class MetricsServer:
         if path == "/metrics":
             if self.on_scrape is not None:
                 self.on_scrape()
-            args = (self.status(), self.collectors, self.rejected, self._ports)
-            body = await WORKERS.run(lambda: render(*args), "rdma-hca-scrape")
-            return 200, CONTENT_TYPE, body
+            status, rejected = self.status(), self.rejected
+            ctype, body = await WORKERS.run(lambda: self._render(status, rejected),
+                                            "rdma-hca-scrape")
+            return 200, ctype, body
         if path == "/healthz":
             alive = self.status().liveness(time.time())
             if alive.ok:
@@ -159,6 +160,16 @@ class MetricsServer:
             return 503, "text/plain", ("not registered yet: " + ", ".join(s.waiting)
                                        + "\n").encode()
         return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"
+
+    def _render(self, status: Status, rejected: int) -> tuple[str, bytes]:
+        # On the scrape's worker thread: the first scrape loads the Prometheus client there,
+        # not at start (registering does not need it) and not on the event loop.
+        from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
+        from rdma_hca.daemon.observe.port_metrics import PortText
+
+        if self._ports is None:
+            self._ports = PortText()
+        return CONTENT_TYPE, render(status, self.collectors, rejected, self._ports)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

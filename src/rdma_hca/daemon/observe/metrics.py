@@ -6,13 +6,19 @@ is told. Port counters come from the health loop's cache (read off the event loo
 never from sysfs at scrape time; the per-port families, most of the text, are written
 by ``port_metrics`` and kept between scrapes. The names are a contract with the chart's
 alerts and dashboard: change them only together.
+
+This module is imported by the first scrape (``httpserver``), not at start: the Prometheus
+client's package loads its HTTP servers and push-gateway code with it (about 50 ms and
+3.5 MiB), which registering with the kubelet does not need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import metrics as client_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -23,6 +29,13 @@ from rdma_hca.daemon.observe.port_metrics import PortText, go_float
 from rdma_hca.daemon.observe.status import DraStatus, Status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ALLOCATE_SECONDS = "rdma_hca_allocate_duration_seconds"
+
+
+class Collects(Protocol):
+    """What renders families of its own beside the snapshot's (a client collector)."""
+
+    def collect(self) -> Iterable[Metric]: ...
 
 
 def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
@@ -250,20 +263,41 @@ class StatusFamilies:
             yield last
 
 
+    def allocate_latency(self) -> Iterator[Metric]:
+        """Allocate latency by resource, the series a client ``Histogram`` labelled by
+        resource writes (its ``_created`` too, unless the client's created series are off)."""
+        s = self.status
+        family = Metric(ALLOCATE_SECONDS, "Time to answer Allocate", "histogram")
+        created = bool(getattr(client_metrics, "_use_created", True))
+        for resource, h in s.allocate_seconds.items():
+            for bound, n in zip(h.bounds, h.cumulative, strict=True):
+                family.add_sample(ALLOCATE_SECONDS + "_bucket",
+                                  {"resource": resource, "le": go_float(bound)}, float(n))
+            family.add_sample(ALLOCATE_SECONDS + "_bucket", {"resource": resource, "le": "+Inf"},
+                              float(h.count))
+            family.add_sample(ALLOCATE_SECONDS + "_count", {"resource": resource},
+                              float(h.count))
+            family.add_sample(ALLOCATE_SECONDS + "_sum", {"resource": resource}, h.total)
+            if created:
+                family.add_sample(ALLOCATE_SECONDS + "_created", {"resource": resource},
+                                  s.allocate_created.get(resource, s.started))
+        yield family
+
+
 class _Collect(Collector):
     """Families from a function, as the collector a registry renders."""
 
-    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+    def __init__(self, families: Callable[[], Iterable[Metric]]) -> None:
         self._families = families
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterable[Metric]:
         return self._families()
 
 
 _PROCESS = ProcessCollector(registry=None)
 
 
-def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int = 0,
+def render(status: Status, extra: Iterable[Collects] = (), http_rejected: int = 0,
            ports: PortText | None = None) -> bytes:
     """The exposition text of one snapshot; pure, so it may run on any thread. Pass the
     same ``ports`` to every call to keep the per-port text between scrapes."""
@@ -273,7 +307,8 @@ def render(status: Status, extra: Iterable[Collector] = (), http_rejected: int =
     after = CollectorRegistry(auto_describe=False)
     after.register(_Collect(families.after_ports))
     after.register(_PROCESS)
+    after.register(_Collect(families.allocate_latency))
     for c in extra:
-        after.register(c)
+        after.register(_Collect(c.collect))
     port_text = (ports or PortText()).get(status.hcas, status.counters, status.state_changes)
     return generate_latest(before) + port_text + generate_latest(after)

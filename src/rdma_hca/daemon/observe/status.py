@@ -92,6 +92,8 @@ class Status:
     pools: tuple[PoolStatus, ...] = ()
     kubelet_restarts: int = 0
     allocations: Mapping[tuple[str, bool], int] = field(default_factory=dict)
+    allocate_seconds: Mapping[str, HistogramCounts] = field(default_factory=dict)
+    allocate_created: Mapping[str, float] = field(default_factory=dict)  # unix time
     ipv6_ready: bool = False
     counters: Mapping[tuple[str, int], Mapping[str, int]] = field(default_factory=dict)
     state_changes: Mapping[tuple[str, int], int] = field(default_factory=dict)
