@@ -26,6 +26,7 @@ class StoredDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str | None = None  # None when the answer had none (field unset)
 
 
 @dataclass
@@ -58,8 +59,13 @@ class ClaimInfoCache:
         info = self.claims.setdefault((namespace, name), ClaimInfo(namespace, name, uid))
         info.devices[driver] = [
             StoredDevice(tuple(d.request_names), d.pool_name, d.device_name,
-                           tuple(d.cdi_device_ids))
+                         tuple(d.cdi_device_ids),
+                         d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name
+                         and d.HasField("share_id") else None)
             for d in answer.devices]
+
+    def by_uid(self, uid: str) -> ClaimInfo | None:
+        return next((c for c in self.claims.values() if c.uid == uid), None)
 
     def unprepared(self, driver: str, claim: tuple[str, str, str]) -> None:
         namespace, _, name = claim

@@ -127,8 +127,6 @@ class DraKubelet:
         self._task: asyncio.Task[None] | None = None
         self._wipes: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
-        # What each prepared claim's answer said, by claim UID, as the kubelet keeps it.
-        self.prepared: dict[str, list[ClaimResource]] = {}
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -318,13 +316,6 @@ class DraKubelet:
         for claim in claims:
             if claim[1] in response.claims:
                 self.claims.prepared(driver, claim, response.claims[claim[1]])
-        for uid, entry in response.claims.items():
-            if not entry.error:
-                self.prepared[uid] = [ClaimResource(
-                    driver, d.pool_name, d.device_name,
-                    d.share_id if "share_id" in d.DESCRIPTOR.fields_by_name
-                    and d.HasField("share_id") else None,
-                    tuple(d.cdi_device_ids)) for d in entry.devices]
         return response
 
     async def unprepare(self, driver: str, claims: Sequence[tuple[str, str, str]]) -> Any:
@@ -336,13 +327,16 @@ class DraKubelet:
             answer = response.claims.get(claim[1])
             if answer is not None and not answer.error:
                 self.claims.unprepared(driver, claim)
-                self.prepared.pop(claim[1], None)
         return response
 
     def claim_resources(self, uid: str) -> list[ClaimResource]:
         """A container's ``dynamicResources[].claimResources`` for a claim it names: every
         device entry of the claim's answer, each with its share ID."""
-        return list(self.prepared.get(uid, ()))
+        info = self.claims.by_uid(uid)
+        if info is None:
+            return []
+        return [ClaimResource(driver, d.pool, d.device, d.share_id, d.cdi_ids)
+                for driver, devices in info.devices.items() for d in devices]
 
     def container_devices(self, pod: Mapping[str, Any], container: str) -> list[str]:
         """The CDI devices the kubelet starts ``container`` of ``pod`` (a Pod object) with,
