@@ -359,3 +359,38 @@ async def test_more_ports_than_the_annotation_holds_are_cut_and_said_once(
 def test_the_writer_needs_the_node_name(client: ApiClient) -> None:
     with pytest.raises(ValueError, match="NODE_NAME"):
         NodeFabricWriter(client, "")
+
+
+class _GarbledOnce(ApiClient):
+    """The real client, but its first read of the Node answers what no Node looks like."""
+
+    garbled = 0
+
+    async def get(self, path: str, params: object = None, **kw: object) -> dict[str, object]:
+        if self.garbled == 0:
+            self.garbled += 1
+            return {"metadata": ["not", "a", "map"]}
+        return await super().get(path, **kw)  # type: ignore[arg-type]
+
+
+async def test_an_answer_that_cannot_be_read_is_said_and_retried_not_the_daemons_end(
+        api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
+                             context=None, env={}, home=tmp_path)
+    client = _GarbledOnce(creds, ClientPolicy(timeout=5.0))
+    sleeps = Sleeps()
+    writer = NodeFabricWriter(client, NODE, sleep=sleeps)
+    writer.start()
+    try:
+        with caplog.at_level(logging.WARNING, "rdma_hca.daemon.fabric.nodelabel"):
+            writer.update(rails("leaf-1"))
+            await written(writer)
+    finally:
+        await writer.stop()
+        await client.close()
+    assert client.garbled == 1
+    assert writer.stats.errors == 1 and writer.stats.writes == 1 and writer.stats.error is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "could not be used (AttributeError" in said[0]
+    assert len(sleeps.asked) == 1
+    assert api.node(NODE)["metadata"]["labels"][FABRIC_BLOCK_LABEL] == fabric_block(["leaf-1"])

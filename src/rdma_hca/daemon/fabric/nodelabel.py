@@ -256,11 +256,13 @@ class NodeFabricWriter:
             try:
                 if await self.sync(desired):
                     self._last_write = self._clock()
-            except KubeError as exc:
+            except Exception as exc:
+                # The server's refusal or an answer we cannot read: either is said, counted
+                # and tried again; a label is never worth the daemon's end.
                 self._failed(exc)
                 self._held = None
                 delay = backoff.next()
-                if exc.retry_after is not None:
+                if isinstance(exc, KubeError) and exc.retry_after is not None:
                     delay = max(delay, min(exc.retry_after, BACKOFF_MAX))
                 await self._sleep(delay)
                 self._wake.set()
@@ -285,16 +287,21 @@ class NodeFabricWriter:
             waits.append(self._started + self.start_grace - now)
         return max(0.0, min(waits)) if waits else None
 
-    def _failed(self, exc: KubeError) -> None:
-        self._count(errors=self._stats.errors + 1, error=str(exc))
-        reason = str(exc.status or type(exc).__name__)
+    def _failed(self, exc: Exception) -> None:
+        self._count(errors=self._stats.errors + 1, error=str(exc) or type(exc).__name__)
+        status = exc.status if isinstance(exc, KubeError) else None
+        reason = str(status or type(exc).__name__)
         if not self._trouble.set(reason):
             return
-        if exc.status == 403:
+        if not isinstance(exc, KubeError):
+            log.warning("cannot write the fabric label of Node %s: the API server's answer "
+                        "could not be used (%s: %s); retrying", self.node,
+                        type(exc).__name__, exc, exc_info=exc)
+        elif status == 403:
             log.warning("cannot write the fabric label of Node %s (%s): the daemon's service "
                         "account needs get and patch on nodes (the chart grants them with "
                         "fabric.lldp: true); retrying", self.node, exc)
-        elif exc.status == 404:
+        elif status == 404:
             log.warning("Node %s not found on the API server (%s): is NODE_NAME this node's "
                         "name? retrying", self.node, exc)
         else:
