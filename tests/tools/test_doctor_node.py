@@ -414,9 +414,10 @@ def test_node_wide_claims_are_listed_apart_and_hold_no_hca(
     assert [len(h["claims"]) for h in doc["hcas"]] == [1, 0]
     assert doc["nodeDevice"] == {"name": "all-hcas", "claims": [
         {"namespace": "web", "name": "x", "uid": "u2", "hcaCount": 2,
-         "hcas": ["mlx5_0", "mlx5_1"], "shareIDs": ["share-x-0", "share-x-1"]},
+         "hcas": ["mlx5_0", "mlx5_1"], "shareIDs": ["share-x-0", "share-x-1"],
+         "adminAccess": False},
         {"namespace": "web", "name": "y", "uid": "u3", "hcaCount": 1, "hcas": ["mlx5_0"],
-         "shareIDs": ["share-y-0"]}]}
+         "shareIDs": ["share-y-0"], "adminAccess": False}]}
 
 
 def test_each_hca_shows_the_claims_on_it_that_hold_no_bandwidth(
@@ -455,6 +456,38 @@ def test_each_hca_shows_the_claims_on_it_that_hold_no_bandwidth(
                                          {"namespace": "web", "name": "y", "uid": "u5"}]
     assert hcas[1]["claimsHoldingNone"] == [{"namespace": "web", "name": "none", "uid": "u3"}]
     assert hcas[1]["nodeWideClaims"] == [{"namespace": "web", "name": "x", "uid": "u4"}]
+
+
+def _admin(claim: Any) -> Any:
+    """The same claim, its devices given with admin access."""
+    import dataclasses
+
+    return dataclasses.replace(claim, devices=tuple(
+        dataclasses.replace(d, admin_access=True) for d in claim.devices))
+
+
+def test_a_claim_with_admin_access_is_marked_and_not_taken_for_one_holding_none(
+        host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plugins = tmp_path / "plugins"
+    # A fabric monitor's claims see the HCAs and hold nothing of them, by design: they are
+    # no gap in the scheduler's sum of bandwidth.
+    _checkpoint(plugins, {"u1": _claim("train", "a", "mlx5_0", 100 * 10**9),
+                          "u2": _admin(_claim("monitor", "probe", "mlx5_0")),
+                          "u3": _admin(_node_wide_claim("monitor", "all", "mlx5_0,mlx5_1"))})
+    assert host.doctor("--plugins-dir", str(plugins)) == 0
+    out = capsys.readouterr().out
+    assert "monitor/probe (admin access), train/a 100G" in out
+    assert ("✓ DRA bandwidth: 3 prepared claim(s); 1 HCA(s) with bandwidth held; the "
+            "node-wide device (rdma/hca through DRA) held by 1 claim(s): monitor/all "
+            "(admin access); with admin access, holding nothing: monitor/all, "
+            "monitor/probe\n") in out
+    assert "HOLDING NONE" not in out and "not counted" not in out
+    assert host.doctor("--plugins-dir", str(plugins), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)["draShares"]
+    assert [(c["name"], c["adminAccess"]) for c in doc["hcas"][0]["claims"]] == [
+        ("probe", True), ("a", False)]
+    assert doc["hcas"][0]["claimsHoldingNone"] == []
+    assert doc["nodeDevice"]["claims"][0]["adminAccess"] is True
 
 
 def test_when_every_claim_holds_bandwidth_nothing_is_uncounted(

@@ -46,6 +46,7 @@ class Holder:
     uid: str
     bandwidth: int  # bits per second, summed over the claim's shares of the HCA
     shares: tuple[str, ...]  # the shareIDs
+    admin: bool = False  # given with admin access: it sees the HCA and holds none of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class NodeWideHolder:
     uid: str
     hcas: tuple[str, ...]
     shares: tuple[str, ...]  # the shareIDs
+    admin: bool = False  # given with admin access
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +78,19 @@ class HcaShares:
 
     @property
     def holding_none(self) -> tuple[Holder, ...]:
-        """Claims of the HCA's device holding a share of 0, or no share: not counted."""
-        return tuple(h for h in self.holders if not h.bandwidth)
+        """Claims of the HCA's device holding a share of 0, or no share: not counted.
+        A claim with admin access holds nothing by design (a monitor's): not among them."""
+        return tuple(h for h in self.holders if not h.bandwidth and not h.admin)
+
+    @property
+    def admin(self) -> tuple[Holder, ...]:
+        """Claims given the HCA's device with admin access."""
+        return tuple(h for h in self.holders if h.admin)
 
     @property
     def uncounted(self) -> int:
         """Claims using the HCA that the scheduler's sum of bandwidth does not count."""
-        return len(self.holding_none) + len(self.node_wide)
+        return len(self.holding_none) + sum(not w.admin for w in self.node_wide)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,20 +137,25 @@ def read_shares(path: Path, hcas: Sequence[Hca], deadline: float
     for uid, claim in sorted(claims.items(), key=lambda c: (c[1].namespace, c[1].name)):
         by_hca: dict[str, list[str]] = {}
         bits: dict[str, int] = {}
+        admin: set[str] = set()
         for d in claim.devices:
             if d.device == NODE_DEVICE:
                 # Its ``hca`` lists every HCA it gave, e.g. "mlx5_0,mlx5_1": none is held.
                 wide.append(NodeWideHolder(claim.namespace, claim.name, uid,
                                            tuple(n for n in d.hca.split(",") if n),
-                                           tuple(s.share_id for s in d.shares)))
+                                           tuple(s.share_id for s in d.shares),
+                                           d.admin_access))
                 continue
             if not d.bandwidth and d.hca not in held:
                 continue  # an HCA gone from the node whose claim holds none of it
             by_hca.setdefault(d.hca, []).extend(s.share_id for s in d.shares)
             bits[d.hca] = bits.get(d.hca, 0) + d.bandwidth
+            if d.admin_access:
+                admin.add(d.hca)
         for hca, shares in by_hca.items():
             held.setdefault(hca, []).append(
-                Holder(claim.namespace, claim.name, uid, bits[hca], tuple(shares)))
+                Holder(claim.namespace, claim.name, uid, bits[hca], tuple(shares),
+                       hca in admin))
     on = {name: tuple(w for w in wide if name in w.hcas) for name in held}
     out = tuple(HcaShares(name, rates.get(name), tuple(hs), on[name])
                 for name, hs in held.items())
@@ -156,7 +169,9 @@ def gbps(bits: int | None) -> str:
 def shares_rows(shares: Shares) -> list[list[str]]:
     rows = []
     for h in shares.hcas:
-        who = ", ".join(f"{c.namespace}/{c.name} {gbps(c.bandwidth)}" for c in h.holders)
+        who = ", ".join(f"{c.namespace}/{c.name} "
+                        + ("(admin access)" if c.admin else gbps(c.bandwidth))
+                        for c in h.holders)
         rows.append([h.hca, gbps(h.held), gbps(h.rate), str(len(h.holders)), who or "-"])
     return rows
 
@@ -169,9 +184,9 @@ def uncounted_rows(shares: Shares) -> list[list[str]]:
     rows = []
     for h in shares.hcas:
         who = [f"{c.namespace}/{c.name}" for c in h.holding_none]
-        who += [f"{c.namespace}/{c.name} (node-wide)" for c in h.node_wide]
+        who += [f"{c.namespace}/{c.name} (node-wide)" for c in h.node_wide if not c.admin]
         rows.append([h.hca, str(len(h.holding_bandwidth)), str(len(h.holding_none)),
-                     str(len(h.node_wide)), ", ".join(who) or "-"])
+                     str(sum(not c.admin for c in h.node_wide)), ", ".join(who) or "-"])
     return rows
 
 
@@ -190,7 +205,8 @@ def shares_json(shares: Shares) -> dict[str, Any]:
         "hcas": [
             {"name": h.hca, "heldBitsPerSecond": h.held, "rateBitsPerSecond": h.rate,
              "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
-                         "bandwidthBitsPerSecond": c.bandwidth, "shareIDs": list(c.shares)}
+                         "bandwidthBitsPerSecond": c.bandwidth, "shareIDs": list(c.shares),
+                         "adminAccess": c.admin}
                         for c in h.holders],
              "claimsHoldingNone": [_ref(c) for c in h.holding_none],
              "nodeWideClaims": [_ref(c) for c in h.node_wide]}
@@ -200,7 +216,8 @@ def shares_json(shares: Shares) -> dict[str, Any]:
             "name": NODE_DEVICE,
             "claims": [{"namespace": c.namespace, "name": c.name, "uid": c.uid,
                         "hcaCount": len(c.hcas), "hcas": list(c.hcas),
-                        "shareIDs": list(c.shares)} for c in shares.node_wide],
+                        "shareIDs": list(c.shares), "adminAccess": c.admin}
+                       for c in shares.node_wide],
         },
     }
 
@@ -218,11 +235,22 @@ def shares_check(shares: Shares) -> Check:
     wide = ""
     if shares.node_wide:
         wide = (f"; {NODE_WIDE} held by {len(shares.node_wide)} claim(s): "
-                + ", ".join(f"{c.namespace}/{c.name} (hcaCount {len(c.hcas)})"
+                + ", ".join(f"{c.namespace}/{c.name} "
+                            + ("(admin access)" if c.admin else f"(hcaCount {len(c.hcas)})")
                             for c in shares.node_wide))
     return Check(SUBJECT, "DRA bandwidth", True,
                  f"{shares.claims} prepared claim(s); {holding} HCA(s) with bandwidth held"
-                 + wide + _uncounted(shares))
+                 + wide + _admin(shares) + _uncounted(shares))
+
+
+def _admin(shares: Shares) -> str:
+    """Claims that see HCAs with admin access (monitors): they hold nothing, by design."""
+    who = sorted({f"{c.namespace}/{c.name}" for h in shares.hcas for c in h.admin}
+                 | {f"{c.namespace}/{c.name}" for c in shares.node_wide if c.admin})
+    if not who:
+        return ""
+    return f"; with admin access, holding nothing: {', '.join(who)}"
+
 
 
 def _uncounted(shares: Shares) -> str:
@@ -231,7 +259,8 @@ def _uncounted(shares: Shares) -> str:
     if not on:
         return ""
     none = sum(len(h.holding_none) for h in on)
+    wide = sum(not c.admin for c in shares.node_wide)
     return (f"; not counted against the rate: {none} claim(s) holding no bandwidth and "
-            f"{len(shares.node_wide)} node-wide claim(s), on "
+            f"{wide} node-wide claim(s), on "
             + ", ".join(f"{h.hca} ({h.uncounted})" for h in on)
             + " (the scheduler counts only claims that ask for bandwidth)")
