@@ -15,7 +15,6 @@ and heard nothing from (:func:`with_silent`); a port absent from it was not list
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -90,6 +89,8 @@ def fabric_block(switches: Iterable[str]) -> str:
     names = sorted({s for s in switches if s})
     if not names:
         return ""
+    import hashlib  # only where LLDP runs: it loads OpenSSL's digests (about 0.6 MiB)
+
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
     return BLOCK_PREFIX + digest[:BLOCK_HASH_CHARS]
 

@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 TEMP_PREFIX = ".rdma-hca-"
 TEMP_SUFFIX = ".tmp"
+
+
+def _create_temp(directory: str) -> tuple[int, str]:
+    """A new file of our own beside the target, as ``tempfile.mkstemp`` makes one (0600,
+    never an existing name), without the standard library's tempfile module: it brings
+    shutil, random and the compression modules, over half a MiB in every node daemon."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(6).hex()}{TEMP_SUFFIX}")
+        try:
+            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {directory}")
 
 
 def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
@@ -25,13 +37,13 @@ def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
     """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+    fd, tmp = _create_temp(directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp creates the file 0600 whatever the umask; readers may need more.
+        # The temp file is created 0600 whatever the umask; readers may need more.
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

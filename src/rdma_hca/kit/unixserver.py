@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
@@ -115,7 +114,7 @@ def _hidden_beside(path: str) -> str:
     """A random hidden name in ``path``'s directory, no longer than ``path`` when it can be
     (watchers such as the kubelet's skip names that start with a dot)."""
     directory, base = os.path.split(path)
-    return os.path.join(directory, "." + secrets.token_hex(8)[:max(6, len(base) - 1)])
+    return os.path.join(directory, "." + os.urandom(8).hex()[:max(6, len(base) - 1)])
 
 
 class UnixServer:
