@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import gc
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim.kubelet import KubeletEmulator
 from rdma_hca.devkit.sim.tree import SimNode
+
+
+def _parse_without_gc(parse: Callable[..., Any]) -> Callable[..., Any]:
+    """``ast.parse`` with the garbage collector held off while it runs.
+
+    Before 3.11.8 every ``ast.parse`` of the process shares one recursion counter while it
+    builds the tree's objects (CPython gh-106905). An allocation there can start a
+    collection, a finalizer then runs Python code, the GIL passes to another thread, and an
+    ``ast.parse`` over there (3.11's traceback formatting calls one per frame) leaves the
+    counter off: the first fails with "SystemError: AST constructor recursion depth
+    mismatch". pytest parses on the main thread (assertion rewriting of modules imported
+    late, its own tracebacks) while the tests' threads format theirs. With no collection
+    inside, a parse runs without giving up the GIL, so no other can come between.
+    """
+    lock = threading.RLock()  # a finalizer run by a refcount drop may parse too
+    held = [0, False]  # parses under way, and whether the collector was on before them
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            if held[0] == 0:
+                held[1] = gc.isenabled()
+                gc.disable()
+            held[0] += 1
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            with lock:
+                held[0] -= 1
+                if held[0] == 0 and held[1]:
+                    gc.enable()
+
+    return guarded
+
+
+if sys.version_info < (3, 11, 8):
+    ast.parse = _parse_without_gc(ast.parse)
 
 
 @pytest.fixture

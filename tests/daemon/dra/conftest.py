@@ -18,6 +18,17 @@ from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim import nodes as sim
 from rdma_hca.devkit.sim.tree import SimNode
 
+# The slice publisher's spacing in these tests: the product's 2.5 s only delays the
+# write that follows a start, and the spacing has tests of its own (with their clock, or
+# a spacing they set). A test that means to count writes under the product's spacing
+# passes slice_spacing to its stage.
+SLICE_SPACING = 0.2
+
+
+@pytest.fixture(autouse=True)
+def _short_slice_spacing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DraStage, "default_slice_spacing", SLICE_SPACING)
+
 
 @pytest.fixture
 def dra_node(tmp_path: Path) -> SimNode:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rdma_hca.contract.checkpoint import CHECKPOINT_FILE
 from rdma_hca.contract.dra import BANDWIDTH, qualified
@@ -32,13 +32,20 @@ from rdma_hca.settings.model import CdiConfig, DraConfig, Mode, Settings
 
 
 class DraStage:
+    # The slice publisher's spacing of writes while changes keep coming, for stages built
+    # without one (None: the driver's own). A test suite sets a short one: the spacing
+    # delays the second write after a start by seconds, and that proves nothing of what
+    # the write says (the spacing itself is tested with a clock of its own).
+    default_slice_spacing: ClassVar[float | None] = None
+
     def __init__(self, node: SimNode, workdir: Path, *, node_name: str = "node-a",
                  mode: Mode = Mode.SHARED, api: FakeApiServer | None = None,
                  env: EnvSettings | None = None, health_retry: float = 0.2,
                  kubelet_wipes: bool = True, poll_seconds: float = 0.05, pod_uid: str = "",
                  root: str | None = None, flap_hold_seconds: float | None = None,
                  config: Callable[[DriverConfig], DriverConfig] | None = None,
-                 driver: Callable[[DriverConfig], DraDriver] = DraDriver) -> None:
+                 driver: Callable[[DriverConfig], DraDriver] = DraDriver,
+                 slice_spacing: float | None = None) -> None:
         self.node = node
         self.workdir = workdir
         self.node_name = node_name
@@ -53,6 +60,8 @@ class DraStage:
         self._env = env or EnvSettings()
         self._tune = config
         self._make_driver = driver
+        self._slice_spacing = (self.default_slice_spacing if slice_spacing is None
+                               else slice_spacing)
         self._health_retry = health_retry
         self._kubelet_wipes = kubelet_wipes
         self._poll_seconds = poll_seconds
@@ -108,6 +117,8 @@ class DraStage:
                                 flap_hold_seconds=self._flap_hold, events=None)
         inventory = await watcher.refresh()
         await driver.start(inventory)
+        if self._slice_spacing is not None:
+            driver.helper.publisher.damper.spacing = self._slice_spacing
         self.driver, self.watcher = driver, watcher
         self._follow_task = asyncio.create_task(watcher.follow(driver.update),
                                                 name="dra-stage-follow")
