@@ -26,8 +26,6 @@ NODES = "/api/v1/nodes"
 POD = ObjectRef("Pod", "trainer-0", "ml", "uid-pod")
 FAILED = EventSpec(POD, "ClaimPrepareFailed", "device dev0 is gone; check the HCA",
                    action="Prepare")
-LOST_CANCEL = ("kube.client's _once bounds an exchange with asyncio.wait_for, which on "
-               "Python 3.11 loses a cancel that lands as the answer is handed over")
 
 
 @pytest.fixture
@@ -64,7 +62,6 @@ def cancel_as_answered(client: ApiClient, stop: Any) -> None:
     http.request = request
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_CANCEL)
 async def test_a_cancel_that_lands_as_the_answer_comes_is_not_lost(
         client: ApiClient) -> None:
     call = asyncio.ensure_future(client.get(NODES))
@@ -73,7 +70,6 @@ async def test_a_cancel_that_lands_as_the_answer_comes_is_not_lost(
     assert call.cancelled(), "the call returned its answer after it was cancelled"
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_CANCEL)
 async def test_the_event_recorder_closes_when_its_cancel_lands_as_a_send_is_answered(
         client: ApiClient) -> None:
     recorder = EventRecorder(client, controller="rdma-hca.io/node-daemon", instance="n1")

@@ -283,10 +283,12 @@ class ApiClient:
         source = self.creds.source
         try:
             try:
-                resp = await asyncio.wait_for(
-                    self._http.request(method, path, content=content, params=params,
-                                       headers=headers, timeout=self._timeout),
-                    limit)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for hands back the
+                # answer when a cancel lands as it comes in, and a stopped loop goes on.
+                async with asyncio.timeout(limit):
+                    resp = await self._http.request(method, path, content=content,
+                                                    params=params, headers=headers,
+                                                    timeout=self._timeout)
             except BaseException:
                 self.tally.sent(method, path, None, params, content_type)
                 raise
