@@ -27,8 +27,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers: the tests mostly wait on timers and sockets, so two share the machine's
+# cores well; a file's tests stay together, in order, on one worker (--dist loadfile).
+# The run's own short --basetemp: unix socket paths are limited to 107 bytes, and the
+# shared /tmp/pytest-of-<user> would have this run delete other runs' old directories.
+# Kept when a test failed, for a look at what it left; else removed in the background (a
+# run leaves over a GB of small files, and removing them can take minutes on a busy disk).
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	@base=$$(mktemp -d /tmp/rh-test.XXXXXX) && \
+	  $(BIN)/pytest -q -n 2 --dist loadfile --basetemp="$$base"; \
+	  status=$$?; \
+	  if [ $$status -eq 0 ]; then (rm -rf "$$base" >/dev/null 2>&1 &); \
+	  else echo "test files kept in $$base"; fi; \
+	  exit $$status
 
 test: lint typecheck unit
 

@@ -79,7 +79,7 @@ async def test_the_event_recorder_closes_when_its_cancel_lands_as_a_send_is_answ
     recorder.record(FAILED)
     try:
         assert await _until(lambda: bool(closing))
-        done, _ = await asyncio.wait(closing, timeout=10)
+        done, _ = await asyncio.wait(closing, timeout=3)
         assert done, "EventRecorder.close() never ended: its sender outlived the cancel"
     finally:
         sender.cancel()  # a second cancel ends it: it waits for work now

@@ -126,11 +126,15 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
         keeper = s.driver.prepared
         gate = Gate(keeper.checkpoint, fail_after_first=True)
         refs = _claims(api, "c")
-        call = asyncio.create_task(s.driver.helper.prepare(refs))
+        # One claim's write first, then the rest behind it: in one call, a slow machine
+        # had every claim ready before the first batch began, and no second batch failed.
+        call = asyncio.create_task(s.driver.helper.prepare(refs[:1]))
+        await _until(gate.held.is_set)
+        rest = asyncio.create_task(s.driver.helper.prepare(refs[1:]))
         await _until(_piled_up(gate, keeper.commits))
         first = keeper.commits.in_flight
         gate.release.set()
-        results = await call
+        results = {**await call, **await rest}
         ok = [uid for uid, r in results.items() if r.error == ""]
         failed = {uid: r.error for uid, r in results.items() if r.error}
         assert len(ok) == first and len(failed) == CLAIMS - first > 0

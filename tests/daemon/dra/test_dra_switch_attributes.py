@@ -3,8 +3,6 @@ a neighbour changes what it says, never for a refresh."""
 
 from __future__ import annotations
 
-import pytest
-
 from rdma_hca.contract.dra import HCA_ONLY_ATTRIBUTES
 from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT, PortNeighbour
 from rdma_hca.daemon.dra.devices import MAX_STRING_VALUE, DeviceOffer
@@ -52,7 +50,6 @@ def test_a_long_name_is_cut_to_what_the_api_server_takes() -> None:
     assert value == {"string": "x" * MAX_STRING_VALUE}
 
 
-@pytest.mark.slow  # the publisher spaces its two writes by its damper's 2.5 s
 async def test_one_slice_write_per_change_none_per_refresh(stage: DraStage,
                                                            api: FakeApiServer) -> None:
     driver = stage.driver

@@ -61,6 +61,11 @@ def _fabric(api: FakeApiServer, name: str = NODE) -> tuple[str | None, dict[str,
     return block, ports
 
 
+def _node_writes(daemon: Daemon) -> int:
+    status = daemon.status().lldp
+    return 0 if status is None or status.node_writes is None else status.node_writes
+
+
 async def test_the_node_carries_its_block_and_neighbours_and_follows_a_switch_change(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator,
         api: FakeApiServer) -> None:
@@ -92,9 +97,8 @@ async def test_the_node_carries_its_block_and_neighbours_and_follows_a_switch_ch
         assert await wait_until(lambda: _fabric(api)[0] == moved, 10)
         assert _fabric(api)[1]["mlx5_1/1"].switch == "leaf-3"
 
-        # The server holds the patch before the writer has read its answer and counted it.
-        assert await wait_until(lambda: (s := daemon.status().lldp) is not None
-                                and (s.node_writes or 0) >= 2, 10)
+        # The server holds the write before the writer has its answer and counts it.
+        assert await wait_until(lambda: _node_writes(daemon) >= 2, 10)
         status = daemon.status().lldp
         assert status is not None and status.node_writes is not None
         assert status.node_writes >= 2 and status.node_write_errors == 0
@@ -137,7 +141,7 @@ async def test_without_credentials_or_node_name_the_label_is_off_and_the_rest_ru
         # LLDP, /metrics and the device plugin run as without the label.
         wires.send("eth0", build_frame(SWITCH_A, "Ethernet1/1", system_name="leaf-1"))
         assert await wait_until(lambda: bool(daemon.lldp and daemon.lldp.neighbours.value), 5)
-        # Ready once the device plugin has registered, which need not come before a frame.
+        # Registration with the kubelet goes on after start() returns: wait for it.
         assert await wait_until(daemon.ready, 10) and not daemon.failed
         status = daemon.status().lldp
         assert status is not None and status.node_writes is None

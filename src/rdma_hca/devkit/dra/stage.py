@@ -27,8 +27,13 @@ from rdma_hca.devkit.dra.kubelet import DraKubelet
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.devkit.sim.tree import SimNode
 from rdma_hca.devkit.waiting import wait_until
+from rdma_hca.kit.aio import describe
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.settings.model import CdiConfig, DraConfig, Mode, Settings
+
+# The driver's stop is bounded step by step (a second or so each); one that takes this
+# long is stuck.
+STOP_LIMIT = 20.0
 
 
 class DraStage:
@@ -45,7 +50,7 @@ class DraStage:
                  root: str | None = None, flap_hold_seconds: float | None = None,
                  config: Callable[[DriverConfig], DriverConfig] | None = None,
                  driver: Callable[[DriverConfig], DraDriver] = DraDriver,
-                 slice_spacing: float | None = None) -> None:
+                 slice_spacing: float | None = None, stop_limit: float = STOP_LIMIT) -> None:
         self.node = node
         self.workdir = workdir
         self.node_name = node_name
@@ -60,6 +65,7 @@ class DraStage:
         self._env = env or EnvSettings()
         self._tune = config
         self._make_driver = driver
+        self.stop_limit = stop_limit
         self._slice_spacing = (self.default_slice_spacing if slice_spacing is None
                                else slice_spacing)
         self._health_retry = health_retry
@@ -102,13 +108,15 @@ class DraStage:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop_driver()
-        if self.kubelet is not None:
-            await self.kubelet.stop()
-        if self._own_api:
-            self.api.stop()
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            await self.stop_driver()
+        finally:
+            if self.kubelet is not None:
+                await self.kubelet.stop()
+            if self._own_api:
+                self.api.stop()
+            if self._own_root:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     async def start_driver(self) -> DraDriver:
         driver = self._make_driver(self.config())
@@ -132,9 +140,18 @@ class DraStage:
                 task.cancel()
                 await asyncio.wait({task}, timeout=1.0)
         self._watch_task = self._follow_task = None
-        if self.driver is not None:
-            await self.driver.stop()
-            self.driver = None
+        driver, self.driver = self.driver, None
+        if driver is None:
+            return
+        stopping = asyncio.ensure_future(driver.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=self.stop_limit)
+        if not done:
+            # Say where it is stuck instead of hanging until the run's own timeout.
+            me = asyncio.current_task()
+            where = "; ".join(describe(t) for t in asyncio.all_tasks() if t is not me)
+            raise RuntimeError(f"the DRA driver did not stop within {self.stop_limit:g} s; "
+                               f"tasks: {where}")
+        stopping.result()
 
     async def restart_driver(self) -> DraDriver:
         await self.stop_driver()
