@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,67 +16,13 @@ import pytest
 import yaml
 
 from rdma_hca.devkit.kube.apiserver import serve, write_kubeconfig
+from rdma_hca.devkit.kube.certs import CA_CRT, CLIENT_CRT, CLIENT_KEY, server_tls
 from rdma_hca.devkit.kube.cluster import TOKEN, FakeCluster
 from rdma_hca.devkit.kube.objects import daemonset, node, pod
 from rdma_hca.kube.credentials import Credentials, load_credentials
 from rdma_hca.kube.errors import KubeconfigError, NotFoundError, UnreachableError
 from rdma_hca.tools.doctor import main
 from rdma_hca.tools.doctor.kubeapi import KubeClient
-
-# A throw-away CA, a server certificate for IP 127.0.0.1 and a client certificate (CN viewer),
-# valid for a century, made with openssl for these tests only.
-CA_CRT = """\
------BEGIN CERTIFICATE-----
-MIIBejCCASGgAwIBAgIUZPBFpZ2J5WjCqZ6JF3Gblm6qTGgwCgYIKoZIzj0EAwIw
-EjEQMA4GA1UEAwwHdGVzdC1jYTAgFw0yNjExMjkxODI1MzFaGA8yMTI2MTEwNTE4
-MjUzMVowEjEQMA4GA1UEAwwHdGVzdC1jYTBZMBMGByqGSM49AgEGCCqGSM49AwEH
-A0IABJkDU2V82wpcKebuWEN8Ojf7wLe+HUDxIYs3K9p9pmdxyjLlEPzgFP0yO154
-ziq888ych0HY3UnGTJ9QAxkLYEqjUzBRMB0GA1UdDgQWBBQ7rfNB/8RlkhHCCurf
-64qqK7pd3TAfBgNVHSMEGDAWgBQ7rfNB/8RlkhHCCurf64qqK7pd3TAPBgNVHRMB
-Af8EBTADAQH/MAoGCCqGSM49BAMCA0cAMEQCIHfeLVuD62c3r7wSNU53+6+ZeaRr
-O8jI+UGw0FHT7vWEAiBFJg3fwhl+4cYo+MsSyvMvIDHzk3ycywVGOIxPBPmdiA==
------END CERTIFICATE-----
-"""
-SERVER_CRT = """\
------BEGIN CERTIFICATE-----
-MIIBkTCCATigAwIBAgIUN47DKse5IQTdURJ7zfN9YRFYaWAwCgYIKoZIzj0EAwIw
-EjEQMA4GA1UEAwwHdGVzdC1jYTAgFw0yNjExMjkxODI1MzFaGA8yMTI2MTEwNTE4
-MjUzMVowFDESMBAGA1UEAwwJMTI3LjAuMC4xMFkwEwYHKoZIzj0CAQYIKoZIzj0D
-AQcDQgAEdyn3N2xPcYIABx3//nusEYdb3wtOBHILeMB1DSQhK5klktPhnjLdKQ+T
-b+qIstme/N4Eb3AMf42Fh0Ddt7B6SKNoMGYwDwYDVR0RBAgwBocEfwAAATATBgNV
-HSUEDDAKBggrBgEFBQcDATAdBgNVHQ4EFgQU6/oxp0Qw/4E+LsEKMlf+Yz7PXCAw
-HwYDVR0jBBgwFoAUO63zQf/EZZIRwgrq3+uKqiu6Xd0wCgYIKoZIzj0EAwIDRwAw
-RAIgIlJ1KgMjGyRTM7XVXRBc8EvveT4WVmqQ12pz5RAGvvACIHVhphdbOjqBlgi7
-/ncLVf7osPhaS/cK2J77ZhqmdUmQ
------END CERTIFICATE-----
-"""
-SERVER_KEY = """\
------BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg4p4bKpwHgkNwAgHY
-IV5GxNBGyRul9qOvpcs1Y1JLa6GhRANCAAR3Kfc3bE9xggAHHf/+e6wRh1vfC04E
-cgt4wHUNJCErmSWS0+GeMt0pD5Nv6oiy2Z783gRvcAx/jYWHQN23sHpI
------END PRIVATE KEY-----
-"""
-CLIENT_CRT = """\
------BEGIN CERTIFICATE-----
-MIIBlDCCATugAwIBAgIUN47DKse5IQTdURJ7zfN9YRFYaWEwCgYIKoZIzj0EAwIw
-EjEQMA4GA1UEAwwHdGVzdC1jYTAgFw0yNjExMjkxODI1MzFaGA8yMTI2MTEwNTE4
-MjUzMVowKDEPMA0GA1UEAwwGdmlld2VyMRUwEwYDVQQKDAxyZG1hLWRvY3RvcnMw
-WTATBgcqhkjOPQIBBggqhkjOPQMBBwNCAAR8PVTUFQpr9jIrdRbl9ReptzjqIj5H
-6igjb9bHGPgfr9O/mQLzkOoirUC4dwxGrTRZ/rjId8NS88rcOLrTeZoMo1cwVTAT
-BgNVHSUEDDAKBggrBgEFBQcDAjAdBgNVHQ4EFgQUGh1FNeLIx2wNhD8mzQDZYCWS
-DsMwHwYDVR0jBBgwFoAUO63zQf/EZZIRwgrq3+uKqiu6Xd0wCgYIKoZIzj0EAwID
-RwAwRAIgON4vpxuTCbVnwGEXQZVJWIn8fgrYXAYwnumfiK9/rOECIGOeABHTBs8z
-IOiAXa20reVl83l0BMpmf1ROZSjVHKA4
------END CERTIFICATE-----
-"""
-CLIENT_KEY = """\
------BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgTGKaT9YtTZbUOngi
-TJO6FBPQpYodhXmu0OFInhtqHzuhRANCAAR8PVTUFQpr9jIrdRbl9ReptzjqIj5H
-6igjb9bHGPgfr9O/mQLzkOoirUC4dwxGrTRZ/rjId8NS88rcOLrTeZoM
------END PRIVATE KEY-----
-"""
 
 
 def b64(text: str) -> str:
@@ -115,12 +60,7 @@ def healthy() -> FakeCluster:
 @pytest.fixture
 def tls_server(tmp_path: Path, healthy: FakeCluster) -> Iterator[str]:
     """An HTTPS fake API server that demands a client certificate signed by the test CA."""
-    (tmp_path / "server.crt").write_text(SERVER_CRT)
-    (tmp_path / "server.key").write_text(SERVER_KEY)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
-    ctx.load_verify_locations(cadata=CA_CRT)
-    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx = server_tls(tmp_path, client_certs=True)
     healthy.token = None
     with serve(healthy, tls=ctx) as url:
         yield url
@@ -259,11 +199,7 @@ def test_in_cluster_service_account_address(tmp_path: Path) -> None:
 @pytest.fixture
 def token_tls_server(tmp_path: Path, healthy: FakeCluster) -> Iterator[str]:
     """An HTTPS fake API server (certificate for 127.0.0.1 by the test CA) that wants a token."""
-    (tmp_path / "server.crt").write_text(SERVER_CRT)
-    (tmp_path / "server.key").write_text(SERVER_KEY)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
-    with serve(healthy, tls=ctx) as url:
+    with serve(healthy, tls=server_tls(tmp_path)) as url:
         yield url
 
 

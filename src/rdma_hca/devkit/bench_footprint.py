@@ -2,17 +2,18 @@
 split by where it goes, and its start-up split into phases, against the bare floor.
 
 Each front end (the device plugin with default settings; the DRA driver alone, on a 13-HCA
-node, against the devkit's fake API server over HTTP) runs as ``rdma-hca serve`` inside
-``bench_footprint_child``, which first imports what that front end loads one package at a
-time (in the order the command itself loads them), noting VmRSS after each; what a package
-costs is its growth there. After registration and again after a burst (2000 Allocates over
-10 connections; 100 NodePrepareResources and NodeUnprepareResources of fresh claims, 10 at
-once) the child reports its VmRSS, and once more between the two, after one ``/metrics``
-scrape: the Prometheus client is loaded by the first scrape, not at start, and a daemon on a
-node is scraped, so the figure after start is taken after that scrape (the note gives the
-one before it). Each report splits VmRSS into the imports, the anonymous memory that is
-not a thread stack (the heap: objects, caches, buffers), thread stacks, and the TLS contexts
-it made (each priced by what one costs in a fresh interpreter).
+node, against the devkit's fake API server over HTTPS with a CA of its own, as in a pod)
+runs as ``rdma-hca serve`` inside ``bench_footprint_child``, which first imports what that
+front end loads one package at a time (in the order the command itself loads them), noting
+VmRSS after each; what a package costs is its growth there. After registration and again
+after a burst (2000 Allocates over 10 connections; 100 NodePrepareResources and
+NodeUnprepareResources of fresh claims, 10 at once) the child reports its VmRSS, and once
+more between the two, after one ``/metrics`` scrape: the Prometheus client is loaded by the
+first scrape, not at start, and a daemon on a node is scraped, so the figure after start is
+taken after that scrape (the note gives the one before it). Each report splits VmRSS into
+the imports, the anonymous memory that is not a thread stack (the heap: objects, caches,
+buffers), thread stacks, and the TLS contexts it made (each priced by what one costs in a
+fresh interpreter).
 
 The bare floor is ``bench_bare``: a process that imports grpc and serves one unix socket,
 started, asked one Allocate and measured in the same run.
@@ -310,17 +311,20 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
 
     from rdma_hca.devkit.dra.kubelet import DraKubelet
     from rdma_hca.devkit.kube.apiserver import FakeApiServer
+    from rdma_hca.devkit.kube.certs import ca_data, server_tls
     from rdma_hca.devkit.sim.nodes import gpu_node
 
     groups, tls_kib, _ = await import_groups((*DP_ENTRIES, *DRA_ENTRIES, *API_ENTRIES))
     node = gpu_node(fp.workdir / "fp-dra-node", hcas=DRA_HCAS)
-    api = FakeApiServer().start()
+    # Over HTTPS with the cluster's CA alone, as in a pod (the service account's ca.crt):
+    # the driver makes the TLS context a node pays for.
+    api = FakeApiServer(tls=server_tls(fp.workdir / "fp-tls")).start()
     root = footprint_tmp()
     got: dict[str, Any] = {}
     times: list[float] = []
     try:
         api.add_node(NODE)
-        kubeconfig = api.write_kubeconfig(fp.workdir / "fp-kubeconfig")
+        kubeconfig = api.write_kubeconfig(fp.workdir / "fp-kubeconfig", ca=ca_data())
         env = {"KUBECONFIG": str(kubeconfig), "NODE_NAME": NODE}
         metrics = f"127.0.0.1:{free_tcp_port()}"
         serve = ["--dra", "--no-device-plugin", "--sysfs-root", str(node.sysfs_root),

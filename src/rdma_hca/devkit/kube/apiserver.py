@@ -107,8 +107,10 @@ class FakeApiServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
-        return write_kubeconfig(Path(path), self.url, self.token)
+    def write_kubeconfig(self, path: str | Path, *, ca: str | None = None) -> Path:
+        """``ca``: the kubeconfig's certificate-authority-data (base64), for a server
+        started with ``tls``."""
+        return write_kubeconfig(Path(path), self.url, self.token, ca=ca)
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
                body: dict[str, Any] | None,
@@ -279,12 +281,16 @@ def claim_requests(results: list[dict[str, Any]], device_class: str = "rdma-hca.
     return list(out.values())
 
 
-def write_kubeconfig(path: Path, server: str, token: str | None = TOKEN) -> Path:
+def write_kubeconfig(path: Path, server: str, token: str | None = TOKEN, *,
+                     ca: str | None = None) -> Path:
     """A kubeconfig like ``kubectl config view --raw`` prints, pointing at ``server``."""
     user: dict[str, Any] = {"token": token} if token else {}
+    cluster: dict[str, Any] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority-data"] = ca
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "clusters": [{"name": "test", "cluster": cluster}],
         "contexts": [{"name": "test", "context": {"cluster": "test", "user": "viewer"}}],
         "users": [{"name": "viewer", "user": user}],
     }
