@@ -25,12 +25,16 @@ plain dicts: no model layer between the driver and the objects the server holds.
   are counted in ``tally`` (a plain record: whoever reports it reads it).
 
 lightkube and its HTTP stack load only when a client is built: a daemon that runs only the
-device plugin never imports them.
+device plugin never imports them. A daemon that registers with the kubelet first builds its
+clients with :meth:`ApiClient.starting`: the client exists at once (its credentials read,
+its rate limits and tally made), its HTTP client (those imports, the TLS context) is built
+off the loop meanwhile, and a request made before it is done waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -59,6 +63,9 @@ from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_afte
 from rdma_hca.kube.tally import APPLY_PATCH, ApiTally
 
 T = TypeVar("T")
+# Builds the HTTP client of some credentials with one exchange's timeout (blocking: it
+# imports lightkube's HTTP stack and reads certificate files).
+HttpBuilder = Callable[["Credentials", float], Any]
 
 # Who writes, as the API server records it: the User-Agent of every request and the field
 # manager of every create, update and merge patch (``kubectl get -o yaml
@@ -107,13 +114,14 @@ class _Transports:
         self._lock = threading.Lock()
         self._open: dict[tuple[int, str], list[Any]] = {}  # key -> [client, users]
 
-    def take(self, loop: int, creds: Credentials, timeout: float) -> tuple[Any, tuple[int, str]]:
+    def take(self, loop: int, creds: Credentials, timeout: float,
+             build: HttpBuilder = _build_http) -> tuple[Any, tuple[int, str]]:
         key = (loop, json.dumps([creds.kubeconfig, str(creds.base), creds.proxy],
                                 sort_keys=True, default=str))
         with self._lock:
             held = self._open.get(key)
             if held is None:
-                held = self._open[key] = [_build_http(creds, timeout), 0]
+                held = self._open[key] = [build(creds, timeout), 0]
             held[1] += 1
             return held[0], key
 
@@ -162,17 +170,19 @@ class ApiClient:
 
     def __init__(self, creds: Credentials, policy: ClientPolicy | None = None, *,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 rng: random.Random | None = None, loop: int | None = None) -> None:
+                 rng: random.Random | None = None, loop: int | None = None,
+                 build: HttpBuilder = _build_http, later: bool = False) -> None:
         """``loop``: the id of the event loop the client will run on; clients given one
-        share their HTTP client with the others of that loop on the same credentials."""
+        share their HTTP client with the others of that loop on the same credentials.
+        ``build`` makes the HTTP client; ``later``: not now (:meth:`starting` does it)."""
         self.creds = creds
         self.policy = policy or ClientPolicy()
+        self._loop = loop
+        self._build = build
+        self._http: Any = None
+        self._timeout: Any = None
         self._shared: tuple[int, str] | None = None
-        if loop is None:
-            self._http = _build_http(creds, self.policy.timeout)
-        else:
-            self._http, self._shared = _TRANSPORTS.take(loop, creds, self.policy.timeout)
-        self._timeout = _exchange_timeout(self.policy.timeout)
+        self._building: asyncio.Future[None] | None = None
         self._closed = False
         self._clock = clock
         self._sleep = sleep
@@ -184,21 +194,65 @@ class ApiClient:
                                                    sleep=sleep)
         self.tally = ApiTally()
         self.tally.expect((), self.limiters)
+        if not later:
+            self._make_http()
+
+    def _make_http(self) -> None:
+        """Build (or share) the HTTP client. Blocking: see :data:`HttpBuilder`."""
+        if self._loop is None:
+            http, shared = self._build(self.creds, self.policy.timeout), None
+        else:
+            http, shared = _TRANSPORTS.take(self._loop, self.creds, self.policy.timeout,
+                                            self._build)
+        self._timeout = _exchange_timeout(self.policy.timeout)
+        self._http, self._shared = http, shared
+
+    @classmethod
+    def starting(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
+                 off: OffLoop | None = None, **kw: Any) -> ApiClient:
+        """The client now, its HTTP client built off the event loop meanwhile (with ``off``,
+        the daemon's, within its deadline); requests wait for it, :meth:`ready` says
+        whether it could be built."""
+        loop = asyncio.get_running_loop()
+        client = cls(creds, policy, loop=id(loop), later=True, **kw)
+        building = client._building = loop.create_task(
+            off_loop(off, "reading the API server's certificates", client._make_http),
+            name="kube-client-build")
+        # Its error is the requests' and ready()'s to raise, not the loop's to report.
+        building.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return client
 
     @classmethod
     async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
                       off: OffLoop | None = None, **kw: Any) -> ApiClient:
         """Build the client off the event loop (it reads certificate files); with ``off``
         (the daemon's), within its deadline, so a hung filesystem cannot hold a stop."""
-        loop = id(asyncio.get_running_loop())
-        return await off_loop(off, "reading the API server's certificates",
-                              lambda: cls(creds, policy, loop=loop, **kw))
+        client = cls.starting(creds, policy, off=off, **kw)
+        try:
+            await client.ready()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def ready(self) -> None:
+        """Return once the HTTP client is built; raise the :class:`KubeError` that kept it
+        from being built (a certificate that is not PEM, a read past its deadline)."""
+        if self._building is not None:
+            # Shielded: a caller given up on does not stop the build for the others.
+            await asyncio.shield(self._building)
 
     @property
     def server(self) -> str:
         return self.creds.server
 
     async def close(self) -> None:
+        if self._building is not None and not self._building.done():
+            # What the build makes must be given back: it is bounded by its deadline.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._building)
+        if self._http is None:
+            return  # never built
         if self._shared is not None:
             if self._closed:
                 return  # its share is given back already
@@ -233,6 +287,7 @@ class ApiClient:
         client's own); ``priority`` LOW lets every HIGH request of that budget go first.
         ``content_type`` of the body: None is JSON, and a JSON merge patch for a PATCH.
         """
+        await self.ready()
         if method in _WRITES and content_type != APPLY_PATCH and not (
                 params and "fieldManager" in params):
             params = {**(params or {}), "fieldManager": AGENT}

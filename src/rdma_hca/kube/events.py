@@ -62,8 +62,13 @@ class EventClient(Protocol):
 
 
 async def connect_events_client(creds: Credentials, **kw: Any) -> ApiClient:
-    """The recorder's own client: its own token bucket, connections and deadlines."""
-    return await ApiClient.connect(creds, EVENTS_POLICY, **kw)
+    """The recorder's own client: its own token bucket, connections and deadlines.
+
+    Returned while its HTTP client is still being built (:meth:`ApiClient.starting`): a
+    recorder never waits for a send, so nothing need wait for that either; a client that
+    cannot be built fails its sends, said once as any failed send is.
+    """
+    return ApiClient.starting(creds, EVENTS_POLICY, **kw)
 
 
 @dataclass(slots=True)
