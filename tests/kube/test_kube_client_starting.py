@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.kube.apiserver import FakeApiServer
+from rdma_hca.devkit.kube.apiserver import FakeApiServer, write_kubeconfig
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kube.client import ApiClient, _build_http
 from rdma_hca.kube.credentials import Credentials, load_credentials
@@ -134,3 +134,32 @@ async def test_connect_that_fails_leaves_nothing_held(creds: Credentials) -> Non
     assert gate.builds == 2
     await client.close()
     assert gate.closed == 1
+
+
+def _ca_certs(http: Any) -> int:
+    """CA certificates loaded into the TLS context of a built HTTP client."""
+    stats: dict[str, int] = http._transport._pool._ssl_context.cert_store_stats()
+    return stats["x509_ca"]
+
+
+async def test_a_plain_http_server_costs_no_trust_store(
+        api: FakeApiServer, tmp_path: Path) -> None:
+    plain = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "plain")),
+                             context=None, env={}, home=tmp_path)
+    http = _build_http(plain, 2.0)
+    try:
+        assert _ca_certs(http) == 0
+        # lightkube's auth of the kubeconfig's user still goes with every request.
+        answer = await http.request("GET", f"{NODES}/n1")
+        assert answer.status_code == 200 and answer.json()["metadata"]["name"] == "n1"
+    finally:
+        await http.aclose()
+    # Over TLS without a certificate-authority: the system's trust store, as before.
+    tls = load_credentials(kubeconfig=str(write_kubeconfig(tmp_path / "tls",
+                                                           "https://127.0.0.1:1")),
+                           context=None, env={}, home=tmp_path)
+    secure = _build_http(tls, 2.0)
+    try:
+        assert _ca_certs(secure) > 0
+    finally:
+        await secure.aclose()

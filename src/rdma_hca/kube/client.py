@@ -42,6 +42,7 @@ import random
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,7 +81,7 @@ log = logging.getLogger(__name__)
 def _build_http(creds: Credentials, timeout: float) -> Any:
     import httpx2
     from lightkube import KubeConfig
-    from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+    from lightkube.config.client_adapter import AsyncClient, ConnectionParams, user_auth
     from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
     # httpx logs every request at INFO: a line per slice write is noise in a node daemon.
@@ -92,6 +93,13 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
         # Proxies come from the kubeconfig or the environment given to load_credentials.
         params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False,
                                   proxy=creds.proxy)
+        if urllib.parse.urlsplit(creds.server).scheme == "http":
+            # Plain HTTP uses nothing of TLS: lightkube would still load the system trust
+            # store (over a MiB) for a server without certificate-authority. The rest is
+            # lightkube's: its auth of the kubeconfig's user, the same parameters.
+            return httpx2.AsyncClient(base_url=config.cluster.server, verify=False,
+                                      auth=user_auth(config.user), timeout=params.timeout,
+                                      trust_env=False, proxy=creds.proxy)
         return AsyncClient(config, params)
     except ssl.SSLError as exc:
         raise KubeconfigError(f"{creds.source}: a certificate or key is not valid PEM "
