@@ -82,6 +82,25 @@ async def test_a_request_waits_for_the_build_and_clients_share_what_it_made(
     assert gate.closed == 1
 
 
+async def test_a_client_started_later_builds_at_its_first_request(
+        api: FakeApiServer, creds: Credentials) -> None:
+    gate = GatedBuild()
+    gate.go.set()
+    client = ApiClient.starting(creds, ClientPolicy(timeout=2), now=False, build=gate)
+    try:
+        await asyncio.sleep(0.1)
+        assert gate.builds == 0  # nothing asked of it yet
+        assert (await client.get(f"{NODES}/n1"))["metadata"]["name"] == "n1"
+        assert gate.builds == 1
+    finally:
+        await client.close()
+    unused = ApiClient.starting(creds, ClientPolicy(timeout=2), now=False, build=gate)
+    await unused.close()  # never built, nothing to give back
+    with pytest.raises(KubeError, match="closed before it was built"):
+        await unused.ready()
+    assert gate.builds == 1 and gate.closed == 1
+
+
 async def test_a_build_that_fails_is_the_error_of_every_request(
         api: FakeApiServer, creds: Credentials) -> None:
     gate = GatedBuild(fail="kubeconfig kc: a certificate or key is not valid PEM: fix it")

@@ -190,7 +190,9 @@ class ApiClient:
         self._http: Any = None
         self._timeout: Any = None
         self._shared: tuple[int, str] | None = None
-        self._building: asyncio.Future[None] | None = None
+        self._building: asyncio.Future[None] | None = None  # done once built (or failed)
+        self._build_task: asyncio.Task[None] | None = None
+        self._off: OffLoop | None = None
         self._closed = False
         self._clock = clock
         self._sleep = sleep
@@ -217,18 +219,41 @@ class ApiClient:
 
     @classmethod
     def starting(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
-                 off: OffLoop | None = None, **kw: Any) -> ApiClient:
-        """The client now, its HTTP client built off the event loop meanwhile (with ``off``,
-        the daemon's, within its deadline); requests wait for it, :meth:`ready` says
+                 off: OffLoop | None = None, now: bool = True, **kw: Any) -> ApiClient:
+        """The client now, its HTTP client built off the event loop (with ``off``, the
+        daemon's, within its deadline): at once, or with ``now`` False when :meth:`begin`
+        is called or the first request is made. Requests wait for it; :meth:`ready` says
         whether it could be built."""
         loop = asyncio.get_running_loop()
         client = cls(creds, policy, loop=id(loop), later=True, **kw)
-        building = client._building = loop.create_task(
-            off_loop(off, "reading the API server's certificates", client._make_http),
-            name="kube-client-build")
+        client._off = off
+        building = client._building = loop.create_future()
         # Its error is the requests' and ready()'s to raise, not the loop's to report.
-        building.add_done_callback(lambda task: task.cancelled() or task.exception())
+        building.add_done_callback(lambda done: done.cancelled() or done.exception())
+        if now:
+            client.begin()
         return client
+
+    def begin(self) -> None:
+        """Start building the HTTP client, unless it is built or being built."""
+        building = self._building
+        if building is None or self._build_task is not None or building.done():
+            return
+
+        def settle(task: asyncio.Task[None]) -> None:
+            if building.done():
+                return
+            if task.cancelled():
+                building.set_exception(KubeError("building the API client was cancelled"))
+            elif (exc := task.exception()) is not None:
+                building.set_exception(exc)
+            else:
+                building.set_result(None)
+
+        self._build_task = asyncio.get_running_loop().create_task(
+            off_loop(self._off, "reading the API server's certificates", self._make_http),
+            name="kube-client-build")
+        self._build_task.add_done_callback(settle)
 
     @classmethod
     async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
@@ -247,6 +272,7 @@ class ApiClient:
         """Return once the HTTP client is built; raise the :class:`KubeError` that kept it
         from being built (a certificate that is not PEM, a read past its deadline)."""
         if self._building is not None:
+            self.begin()
             # Shielded: a caller given up on does not stop the build for the others.
             await asyncio.shield(self._building)
 
@@ -255,10 +281,15 @@ class ApiClient:
         return self.creds.server
 
     async def close(self) -> None:
-        if self._building is not None and not self._building.done():
+        building = self._building
+        if building is not None and not building.done():
+            if self._build_task is None:  # never begun: nothing to give back
+                building.set_exception(KubeError("the API client was closed before it "
+                                                 "was built"))
+                return
             # What the build makes must be given back: it is bounded by its deadline.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._building)
+                await asyncio.shield(building)
         if self._http is None:
             return  # never built
         if self._shared is not None:

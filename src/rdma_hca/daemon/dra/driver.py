@@ -253,19 +253,24 @@ class DraDriver:
             await self._until_ready(api)
 
     async def _open(self) -> SliceApi:
-        """The driver's client, its credentials read; its HTTP client is being built."""
+        """The driver's client, its credentials read; its HTTP client is built from the
+        first call on (the first publish, a Prepare) or :meth:`_until_ready`."""
         try:
             return await SliceApi.open(self.config.kubeconfig, self.config.read_deadline,
                                        qps=self.config.api_qps, burst=self.config.api_burst,
                                        claim_qps=self.config.claim_api_qps,
                                        claim_burst=self.config.claim_api_burst,
-                                       off=self._files, build=self._http)
+                                       off=self._files, build=self._http,
+                                       # Once the sockets are served: the imports and the
+                                       # TLS context do not compete with serving them.
+                                       now=False)
         except KubeApiError as exc:
             # The message names what serve accepts and tried (rdma_hca.kube.credentials).
             raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
 
     async def _until_ready(self, api: SliceApi) -> None:
-        """Wait for the client's HTTP client; one that cannot be built stops the driver."""
+        """Build the client's HTTP client and wait for it; one that cannot be built stops
+        the driver."""
         try:
             await api.ready()
         except BaseException as exc:

@@ -87,18 +87,21 @@ class SliceApi:
                    qps: float = DEFAULT_API_QPS, burst: int = DEFAULT_API_BURST,
                    claim_qps: float = DEFAULT_CLAIM_API_QPS,
                    claim_burst: int = DEFAULT_CLAIM_API_BURST,
-                   off: OffLoop | None = None, build: HttpBuilder | None = None) -> SliceApi:
+                   off: OffLoop | None = None, build: HttpBuilder | None = None,
+                   now: bool = True) -> SliceApi:
         """Read credentials (files: off the event loop, within ``off``'s deadline when
         given) and start the client: ``qps``/``burst`` the driver's own budget,
         ``claim_qps``/``claim_burst`` the claim reads'. Its HTTP client is built off the
-        loop meanwhile (``build``: how, lightkube's by default); calls wait for it,
-        :meth:`ready` says whether it could be built."""
+        loop (``build``: how, lightkube's by default), at once or with ``now`` False from
+        the first call or :meth:`ready` on; calls wait for it, :meth:`ready` says whether
+        it could be built."""
         creds = await read_credentials(kubeconfig, SERVE_CREDENTIALS, off=off)
+        how: dict[str, Any] = {} if build is None else {"build": build}
         client = ApiClient.starting(
             creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
                                 rate_name=DRIVER_BUDGET,
                                 rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
-            off=off, **({} if build is None else {"build": build}))
+            off=off, now=now, **how)
         return cls(client)
 
     @classmethod
@@ -113,7 +116,8 @@ class SliceApi:
         return api
 
     async def ready(self) -> None:
-        """Return once the client can send; raise the KubeError that kept it from it."""
+        """Build the client if not begun, and return once it can send; raise the
+        KubeError that kept it from it."""
         await self.client.ready()
 
     async def close(self) -> None:
