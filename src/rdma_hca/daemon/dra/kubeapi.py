@@ -1,7 +1,7 @@
 """The driver's API server calls, through the one client (rdma_hca.kube), as plain dicts.
 
 Credentials: a kubeconfig file when one is given, else as ``SERVE_CREDENTIALS`` says.
-lightkube loads only when the driver starts, off the event loop while it registers.
+lightkube loads only when the driver starts, off the event loop once its sockets are served.
 
 Two budgets (client-side rate limits), so a pod's start never queues behind what the
 driver sends on its own:
