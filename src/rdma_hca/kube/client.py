@@ -25,10 +25,11 @@ plain dicts: no model layer between the driver and the objects the server holds.
   are counted in ``tally`` (a plain record: whoever reports it reads it).
 
 lightkube and its HTTP stack load only when a client is built: a daemon that runs only the
-device plugin never imports them. A daemon that registers with the kubelet first builds its
+device plugin never imports them. A daemon that registers with the kubelet first makes its
 clients with :meth:`ApiClient.starting`: the client exists at once (its credentials read,
 its rate limits and tally made), its HTTP client (those imports, the TLS context) is built
-off the loop meanwhile, and a request made before it is done waits for it.
+off the loop, at once or from its first request on, and a request made before it is done
+waits for it.
 """
 
 from __future__ import annotations
