@@ -25,12 +25,17 @@ plain dicts: no model layer between the driver and the objects the server holds.
   are counted in ``tally`` (a plain record: whoever reports it reads it).
 
 lightkube and its HTTP stack load only when a client is built: a daemon that runs only the
-device plugin never imports them.
+device plugin never imports them. A daemon that registers with the kubelet first makes its
+clients with :meth:`ApiClient.starting`: the client exists at once (its credentials read,
+its rate limits and tally made), its HTTP client (those imports, the TLS context) is built
+off the loop, at once or from its first request on, and a request made before it is done
+waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +43,7 @@ import random
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,6 +65,9 @@ from rdma_hca.kube.policy import ClientPolicy, Priority, TokenBucket, retry_afte
 from rdma_hca.kube.tally import APPLY_PATCH, ApiTally
 
 T = TypeVar("T")
+# Builds the HTTP client of some credentials with one exchange's timeout (blocking: it
+# imports lightkube's HTTP stack and reads certificate files).
+HttpBuilder = Callable[["Credentials", float], Any]
 
 # Who writes, as the API server records it: the User-Agent of every request and the field
 # manager of every create, update and merge patch (``kubectl get -o yaml
@@ -73,7 +82,7 @@ log = logging.getLogger(__name__)
 def _build_http(creds: Credentials, timeout: float) -> Any:
     import httpx2
     from lightkube import KubeConfig
-    from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+    from lightkube.config.client_adapter import AsyncClient, ConnectionParams, user_auth
     from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
     # httpx logs every request at INFO: a line per slice write is noise in a node daemon.
@@ -85,6 +94,13 @@ def _build_http(creds: Credentials, timeout: float) -> Any:
         # Proxies come from the kubeconfig or the environment given to load_credentials.
         params = ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False,
                                   proxy=creds.proxy)
+        if urllib.parse.urlsplit(creds.server).scheme == "http":
+            # Plain HTTP uses nothing of TLS: lightkube would still load the system trust
+            # store (over a MiB) for a server without certificate-authority. The rest is
+            # lightkube's: its auth of the kubeconfig's user, the same parameters.
+            return httpx2.AsyncClient(base_url=config.cluster.server, verify=False,
+                                      auth=user_auth(config.user), timeout=params.timeout,
+                                      trust_env=False, proxy=creds.proxy)
         return AsyncClient(config, params)
     except ssl.SSLError as exc:
         raise KubeconfigError(f"{creds.source}: a certificate or key is not valid PEM "
@@ -107,13 +123,14 @@ class _Transports:
         self._lock = threading.Lock()
         self._open: dict[tuple[int, str], list[Any]] = {}  # key -> [client, users]
 
-    def take(self, loop: int, creds: Credentials, timeout: float) -> tuple[Any, tuple[int, str]]:
+    def take(self, loop: int, creds: Credentials, timeout: float,
+             build: HttpBuilder = _build_http) -> tuple[Any, tuple[int, str]]:
         key = (loop, json.dumps([creds.kubeconfig, str(creds.base), creds.proxy],
                                 sort_keys=True, default=str))
         with self._lock:
             held = self._open.get(key)
             if held is None:
-                held = self._open[key] = [_build_http(creds, timeout), 0]
+                held = self._open[key] = [build(creds, timeout), 0]
             held[1] += 1
             return held[0], key
 
@@ -162,17 +179,21 @@ class ApiClient:
 
     def __init__(self, creds: Credentials, policy: ClientPolicy | None = None, *,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 rng: random.Random | None = None, loop: int | None = None) -> None:
+                 rng: random.Random | None = None, loop: int | None = None,
+                 build: HttpBuilder = _build_http, later: bool = False) -> None:
         """``loop``: the id of the event loop the client will run on; clients given one
-        share their HTTP client with the others of that loop on the same credentials."""
+        share their HTTP client with the others of that loop on the same credentials.
+        ``build`` makes the HTTP client; ``later``: not now (:meth:`starting` does it)."""
         self.creds = creds
         self.policy = policy or ClientPolicy()
+        self._loop = loop
+        self._build = build
+        self._http: Any = None
+        self._timeout: Any = None
         self._shared: tuple[int, str] | None = None
-        if loop is None:
-            self._http = _build_http(creds, self.policy.timeout)
-        else:
-            self._http, self._shared = _TRANSPORTS.take(loop, creds, self.policy.timeout)
-        self._timeout = _exchange_timeout(self.policy.timeout)
+        self._building: asyncio.Future[None] | None = None  # done once built (or failed)
+        self._build_task: asyncio.Task[None] | None = None
+        self._off: OffLoop | None = None
         self._closed = False
         self._clock = clock
         self._sleep = sleep
@@ -184,21 +205,94 @@ class ApiClient:
                                                    sleep=sleep)
         self.tally = ApiTally()
         self.tally.expect((), self.limiters)
+        if not later:
+            self._make_http()
+
+    def _make_http(self) -> None:
+        """Build (or share) the HTTP client. Blocking: see :data:`HttpBuilder`."""
+        if self._loop is None:
+            http, shared = self._build(self.creds, self.policy.timeout), None
+        else:
+            http, shared = _TRANSPORTS.take(self._loop, self.creds, self.policy.timeout,
+                                            self._build)
+        self._timeout = _exchange_timeout(self.policy.timeout)
+        self._http, self._shared = http, shared
+
+    @classmethod
+    def starting(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
+                 off: OffLoop | None = None, now: bool = True, **kw: Any) -> ApiClient:
+        """The client now, its HTTP client built off the event loop (with ``off``, the
+        daemon's, within its deadline): at once, or with ``now`` False when :meth:`begin`
+        is called or the first request is made. Requests wait for it; :meth:`ready` says
+        whether it could be built."""
+        loop = asyncio.get_running_loop()
+        client = cls(creds, policy, loop=id(loop), later=True, **kw)
+        client._off = off
+        building = client._building = loop.create_future()
+        # Its error is the requests' and ready()'s to raise, not the loop's to report.
+        building.add_done_callback(lambda done: done.cancelled() or done.exception())
+        if now:
+            client.begin()
+        return client
+
+    def begin(self) -> None:
+        """Start building the HTTP client, unless it is built or being built."""
+        building = self._building
+        if building is None or self._build_task is not None or building.done():
+            return
+
+        def settle(task: asyncio.Task[None]) -> None:
+            if building.done():
+                return
+            if task.cancelled():
+                building.set_exception(KubeError("building the API client was cancelled"))
+            elif (exc := task.exception()) is not None:
+                building.set_exception(exc)
+            else:
+                building.set_result(None)
+
+        self._build_task = asyncio.get_running_loop().create_task(
+            off_loop(self._off, "reading the API server's certificates", self._make_http),
+            name="kube-client-build")
+        self._build_task.add_done_callback(settle)
 
     @classmethod
     async def connect(cls, creds: Credentials, policy: ClientPolicy | None = None, *,
                       off: OffLoop | None = None, **kw: Any) -> ApiClient:
         """Build the client off the event loop (it reads certificate files); with ``off``
         (the daemon's), within its deadline, so a hung filesystem cannot hold a stop."""
-        loop = id(asyncio.get_running_loop())
-        return await off_loop(off, "reading the API server's certificates",
-                              lambda: cls(creds, policy, loop=loop, **kw))
+        client = cls.starting(creds, policy, off=off, **kw)
+        try:
+            await client.ready()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def ready(self) -> None:
+        """Return once the HTTP client is built; raise the :class:`KubeError` that kept it
+        from being built (a certificate that is not PEM, a read past its deadline)."""
+        if self._building is not None:
+            self.begin()
+            # Shielded: a caller given up on does not stop the build for the others.
+            await asyncio.shield(self._building)
 
     @property
     def server(self) -> str:
         return self.creds.server
 
     async def close(self) -> None:
+        building = self._building
+        if building is not None and not building.done():
+            if self._build_task is None:  # never begun: nothing to give back
+                building.set_exception(KubeError("the API client was closed before it "
+                                                 "was built"))
+                return
+            # What the build makes must be given back: it is bounded by its deadline.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(building)
+        if self._http is None:
+            return  # never built
         if self._shared is not None:
             if self._closed:
                 return  # its share is given back already
@@ -233,6 +327,7 @@ class ApiClient:
         client's own); ``priority`` LOW lets every HIGH request of that budget go first.
         ``content_type`` of the body: None is JSON, and a JSON merge patch for a PATCH.
         """
+        await self.ready()
         if method in _WRITES and content_type != APPLY_PATCH and not (
                 params and "fieldManager" in params):
             params = {**(params or {}), "fieldManager": AGENT}

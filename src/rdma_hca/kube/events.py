@@ -62,8 +62,15 @@ class EventClient(Protocol):
 
 
 async def connect_events_client(creds: Credentials, **kw: Any) -> ApiClient:
-    """The recorder's own client: its own token bucket, connections and deadlines."""
-    return await ApiClient.connect(creds, EVENTS_POLICY, **kw)
+    """The recorder's own client: its own token bucket, connections and deadlines.
+
+    Its HTTP client is built at its first send (:meth:`ApiClient.starting`), shared with
+    the process's other clients on the same credentials: a recorder never waits for a
+    send, so nothing need wait for that build either, and a daemon that sends no Event
+    never builds it. A client that cannot be built fails its sends, said once as any
+    failed send is.
+    """
+    return ApiClient.starting(creds, EVENTS_POLICY, now=False, **kw)
 
 
 @dataclass(slots=True)

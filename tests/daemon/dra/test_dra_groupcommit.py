@@ -123,6 +123,9 @@ async def test_a_failed_batch_fails_each_of_its_claims_and_leaves_no_spec(
         dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
     async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-a") as s:
         assert s.driver is not None and await s.registered()
+        driver = s.driver
+        # The first publish is done: the batches are formed by the claims alone.
+        assert await s.until(lambda: driver.stats().published and driver.stats().idle)
         keeper = s.driver.prepared
         gate = Gate(keeper.checkpoint, fail_after_first=True)
         refs = _claims(api, "c")

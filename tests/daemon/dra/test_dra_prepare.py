@@ -153,6 +153,8 @@ async def test_a_lost_cdi_spec_is_written_again(stage: DraStage) -> None:
     path.unlink()  # the reboot: the spec is gone, the checkpoint is not
     await stage.restart_driver()
     assert await stage.registered(2)
+    # The status write the last instance left (a read of its own) goes first.
+    await stage.statuses_written()
     gets = _claim_gets(stage.api)
     resp = await stage.kubelet.prepare(DRIVER, [("ns", uid, "c")])
     assert resp.claims[uid].error == ""

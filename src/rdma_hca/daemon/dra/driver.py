@@ -6,7 +6,9 @@ the driver proper prepares claims into CDI specs (``prepare.py``) on the record 
 prepared claims (``prepared.py``, which owns the checkpoint, recovered by ``recovery.py``
 and followed by ``follow.py``) and offers the node's devices (``offering.py``). Each part
 is handed the parts it uses when it is built; none calls back into this module. Whatever
-needs the API client is built in :meth:`DraDriver.start`, once the client is connected.
+needs the API client is built in :meth:`DraDriver.start`, on the client as soon as its
+credentials are read: the kubelet is registered with while its HTTP stack and TLS context
+are built off the loop, and calls made meanwhile wait for them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from rdma_hca.daemon.offer.nodeevents import CONTROLLER
 from rdma_hca.kit.aio import cancel_all
 from rdma_hca.kit.histogram import HistogramCounts
 from rdma_hca.kit.offloop import OffLoop
+from rdma_hca.kube.client import HttpBuilder
 from rdma_hca.kube.events import EventRecorder, connect_events_client
 from rdma_hca.node.model import NodeInventory
 
@@ -96,12 +99,15 @@ class DraDriver:
 
     def __init__(self, config: DriverConfig, *, api: DriverApi | None = None,
                  on_prepared: PreparedHook | None = None,
-                 on_unprepared: UnpreparedHook | None = None) -> None:
+                 on_unprepared: UnpreparedHook | None = None,
+                 http: HttpBuilder | None = None) -> None:
         """``api``: an API client of the caller's (else the driver connects its own at
         start); ``on_prepared``/``on_unprepared``: hooks of the caller's, in place of the
-        claims' status.devices entries."""
+        claims' status.devices entries; ``http``: how its own client builds its HTTP
+        client (lightkube's by default)."""
         self.config = config
         self._given_api = api
+        self._http = http
         self._on_prepared = on_prepared
         self._on_unprepared = on_unprepared
         self._files = OffLoop(config.read_deadline)
@@ -184,16 +190,23 @@ class DraDriver:
     async def start(self, inventory: NodeInventory | None = None, *,
                     events: EventRecorder | None = None) -> None:
         """``events``: the daemon's recorder for the claims' Events; without one the
-        driver makes its own (with the API client it makes itself), on a budget apart."""
+        driver makes its own (with the API client it makes itself), on a budget apart.
+
+        The kubelet is registered with before the driver's own client can send; this
+        returns once it can. A client that cannot be built ends the start with the
+        driver stopped (its sockets removed) and a :class:`DraConfigError`.
+        """
         options = HelperOptions.from_config(self.config)
         options.check()
-        api = self._given_api or await self._connect()
+        api = self._given_api or await self._open()
         own_events: EventRecorder | None = None
         checkpoint = Checkpoint(self.config.checkpoint, self.config.lock_path,
                                 deadline=self.config.read_deadline)
         try:
             if events is None and self._given_api is None and isinstance(api, SliceApi):
-                client = await connect_events_client(api.client.creds, off=self._files)
+                client = await connect_events_client(
+                    api.client.creds, off=self._files,
+                    **({} if self._http is None else {"build": self._http}))
                 own_events = events = EventRecorder(client, controller=CONTROLLER,
                                                     instance=self.config.node_name,
                                                     close_client=client.close)
@@ -236,17 +249,36 @@ class DraDriver:
         if inventory is not None:
             await self.update(inventory)
         await helper.start()
+        if isinstance(api, SliceApi) and self._given_api is None:
+            await self._until_ready(api)
 
-    async def _connect(self) -> SliceApi:
+    async def _open(self) -> SliceApi:
+        """The driver's client, its credentials read; its HTTP client is built from the
+        first call on (the first publish, a Prepare) or :meth:`_until_ready`."""
         try:
-            return await SliceApi.connect(self.config.kubeconfig, self.config.read_deadline,
-                                          qps=self.config.api_qps, burst=self.config.api_burst,
-                                          claim_qps=self.config.claim_api_qps,
-                                          claim_burst=self.config.claim_api_burst,
-                                          off=self._files)
+            return await SliceApi.open(self.config.kubeconfig, self.config.read_deadline,
+                                       qps=self.config.api_qps, burst=self.config.api_burst,
+                                       claim_qps=self.config.claim_api_qps,
+                                       claim_burst=self.config.claim_api_burst,
+                                       off=self._files, build=self._http,
+                                       # Once the sockets are served: the imports and the
+                                       # TLS context do not compete with serving them.
+                                       now=False)
         except KubeApiError as exc:
             # The message names what serve accepts and tried (rdma_hca.kube.credentials).
             raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
+
+    async def _until_ready(self, api: SliceApi) -> None:
+        """Build the client's HTTP client and wait for it; one that cannot be built stops
+        the driver."""
+        try:
+            await api.ready()
+        except BaseException as exc:
+            # Nothing is left of a start that did not finish: the sockets go too.
+            await self.stop()
+            if isinstance(exc, KubeApiError):
+                raise DraConfigError(f"the DRA driver needs the API server: {exc}") from None
+            raise
 
     def _status_writer(self, api: DriverApi, claim_events: ClaimEvents | None,
                        prepared: PreparedClaims) -> ClaimStatusWriter | None:

@@ -1,7 +1,7 @@
 """The driver's API server calls, through the one client (rdma_hca.kube), as plain dicts.
 
 Credentials: a kubeconfig file when one is given, else as ``SERVE_CREDENTIALS`` says.
-lightkube loads only when the driver starts.
+lightkube loads only when the driver starts, off the event loop once its sockets are served.
 
 Two budgets (client-side rate limits), so a pod's start never queues behind what the
 driver sends on its own:
@@ -29,7 +29,7 @@ from rdma_hca.contract.dra import GROUP_VERSION
 from rdma_hca.daemon.dra.claimrecords import DeviceEntry, apply_body
 from rdma_hca.daemon.dra.claims import Claim, read_claim
 from rdma_hca.kit.offloop import OffLoop
-from rdma_hca.kube.client import ApiClient, read_credentials
+from rdma_hca.kube.client import ApiClient, HttpBuilder, read_credentials
 from rdma_hca.kube.credentials import CredentialSearch
 from rdma_hca.kube.errors import KubeError
 from rdma_hca.kube.policy import ClientPolicy, Priority, Rate
@@ -83,21 +83,42 @@ class SliceApi:
         client.tally.expect(KNOWN_REQUESTS, BUDGETS)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None, timeout: float, *,
-                      qps: float = DEFAULT_API_QPS, burst: int = DEFAULT_API_BURST,
-                      claim_qps: float = DEFAULT_CLAIM_API_QPS,
-                      claim_burst: int = DEFAULT_CLAIM_API_BURST,
-                      off: OffLoop | None = None) -> SliceApi:
+    async def open(cls, kubeconfig: str | None, timeout: float, *,
+                   qps: float = DEFAULT_API_QPS, burst: int = DEFAULT_API_BURST,
+                   claim_qps: float = DEFAULT_CLAIM_API_QPS,
+                   claim_burst: int = DEFAULT_CLAIM_API_BURST,
+                   off: OffLoop | None = None, build: HttpBuilder | None = None,
+                   now: bool = True) -> SliceApi:
         """Read credentials (files: off the event loop, within ``off``'s deadline when
-        given) and make the client: ``qps``/``burst`` the driver's own budget,
-        ``claim_qps``/``claim_burst`` the claim reads'."""
+        given) and start the client: ``qps``/``burst`` the driver's own budget,
+        ``claim_qps``/``claim_burst`` the claim reads'. Its HTTP client is built off the
+        loop (``build``: how, lightkube's by default), at once or with ``now`` False from
+        the first call or :meth:`ready` on; calls wait for it, :meth:`ready` says whether
+        it could be built."""
         creds = await read_credentials(kubeconfig, SERVE_CREDENTIALS, off=off)
-        client = await ApiClient.connect(
+        how: dict[str, Any] = {} if build is None else {"build": build}
+        client = ApiClient.starting(
             creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
                                 rate_name=DRIVER_BUDGET,
                                 rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
-            off=off)
+            off=off, now=now, **how)
         return cls(client)
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None, timeout: float, **kw: Any) -> SliceApi:
+        """:meth:`open`, then wait until it is :meth:`ready`."""
+        api = await cls.open(kubeconfig, timeout, **kw)
+        try:
+            await api.ready()
+        except BaseException:
+            await api.close()
+            raise
+        return api
+
+    async def ready(self) -> None:
+        """Build the client if not begun, and return once it can send; raise the
+        KubeError that kept it from it."""
+        await self.client.ready()
 
     async def close(self) -> None:
         await self.client.close()
