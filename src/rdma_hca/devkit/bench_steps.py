@@ -43,6 +43,7 @@ from rdma_hca.devkit.bench_procs import (
     BenchError,
     Child,
     bare_argv,
+    compile_package,
     cpu_percent,
     free_tcp_port,
     sample_process,
@@ -78,6 +79,9 @@ class Bench:
         self.plan = plan
         self.workdir = workdir
         self.say = log
+        if compile_package():
+            log("some of rdma_hca's modules did not compile: their children compile them "
+                "at each start")
         self.node = gpu_node(workdir / "node")
         self.plugin_dir = workdir / "dp"
         self.plugin_dir.mkdir()
