@@ -183,57 +183,124 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes,
               layout: Layout | None = None) -> str:
     """Exposition text of every per-port family, in the order /metrics shows them;
     ``layout`` must be that of ``hcas`` (made here when not given)."""
-    lay = layout or Layout(hcas)
-    out = [lay.fixed, _CHANGED_HEAD]
-    out.extend(f"{prefix}{_count(changes.get(key, 0))}\n" for key, prefix in lay.changed)
-    for name, (_, scale) in COUNTERS.items():
-        out.append(_COUNTER_HEADS[name])
-        for key, prefix in lay.counters[name]:
+    return "".join(Samples(layout or Layout(hcas), counters, changes).lines)
+
+
+class Samples:
+    """The port text of one inventory as a list of lines, and where each counter value
+    sits in it, so that the text after a counter refresh formats only what changed.
+
+    Between two refreshes most counters keep their value (errors, drops, retransmits),
+    and each port's values come as one mapping, so comparing a port's mapping with the
+    last one (in C) tells whether any of its lines must be made again. A port whose set
+    or order of counters changed (a read that failed, a driver's new counter) changes
+    which lines there are: :meth:`update` says so, and the text is made anew."""
+
+    def __init__(self, layout: Layout, counters: Counters, changes: Changes) -> None:
+        self.layout = layout
+        lines = [layout.fixed, _CHANGED_HEAD]
+        self._changed_at = len(lines)
+        lines.extend(f"{prefix}{_count(changes.get(key, 0))}\n" for key, prefix in layout.changed)
+        self._changes = changes
+        # Per port, counter name -> (index of its line, the line's prefix, scale).
+        slots: dict[tuple[str, int], dict[str, tuple[int, str, int]]] = {
+            key: {} for key, _ in layout.ports}
+        for name, (_, scale) in COUNTERS.items():
+            lines.append(_COUNTER_HEADS[name])
+            for key, prefix in layout.counters[name]:
+                values = counters.get(key)
+                if values and name in values:
+                    slots[key][name] = (len(lines), prefix, scale)
+                    lines.append(f"{prefix}{_count(values[name] * scale)}\n")
+        lines.append(_HW_HEAD)
+        for key, _ in layout.ports:
             values = counters.get(key)
-            if values and name in values:
-                out.append(f"{prefix}{_count(values[name] * scale)}\n")
-    out.append(_HW_HEAD)
-    for key, _ in lay.ports:
-        values = counters.get(key)
-        if not values:
-            continue
-        prefixes = lay.hw_prefixes(key)
-        for name, value in values.items():
-            hw = prefixes.get(name)
-            if hw is None:
-                hw = lay.hw_prefix(key, name)
-            if hw:
-                out.append(f"{hw}{_count(value)}\n")
-    return "".join(out)
+            if not values:
+                continue
+            prefixes = layout.hw_prefixes(key)
+            for name, value in values.items():
+                hw = prefixes.get(name)
+                if hw is None:
+                    hw = layout.hw_prefix(key, name)
+                if hw:
+                    slots[key][name] = (len(lines), hw, 1)
+                    lines.append(f"{hw}{_count(value)}\n")
+        self.lines = lines
+        # Per port, in the order of its values: (name, index of its line or -1, the
+        # line's prefix, scale), so an update walks the port's values without a lookup.
+        self._order: dict[tuple[str, int], list[tuple[str, int, str, int]]] = {}
+        for key, _ in layout.ports:
+            slot = slots[key]
+            self._order[key] = [(name, *slot.get(name, (-1, "", 1)))
+                                for name in counters.get(key) or ()]
+        self._names = {key: list(counters.get(key) or ()) for key, _ in layout.ports}
+        self._seen = {key: counters.get(key) for key, _ in layout.ports}
+
+    def update(self, counters: Counters, changes: Changes) -> bool:
+        """Make the lines those of these inputs; False when they need other lines (the
+        lines are then half updated: make new :class:`Samples`)."""
+        lines = self.lines
+        if changes is not self._changes and changes != self._changes:
+            at = self._changed_at
+            for i, (key, prefix) in enumerate(self.layout.changed):
+                lines[at + i] = f"{prefix}{_count(changes.get(key, 0))}\n"
+        self._changes = changes
+        seen, order, names = self._seen, self._order, self._names
+        for key, old in seen.items():
+            values = counters.get(key)
+            if values is old:
+                continue
+            if values == old:
+                # Equal mappings may still list their counters in another order, which
+                # is the order of the port's hw counter lines.
+                if values and list(values) != names[key]:
+                    return False
+                seen[key] = values
+                continue
+            if not values or not old or len(values) != len(old):
+                return False
+            for (name, value), was, (known, index, prefix, scale) in zip(
+                    values.items(), old.values(), order[key], strict=True):
+                if name != known:
+                    return False
+                if value != was and index >= 0:
+                    value *= scale
+                    # _count's first case inline: most changed values take it, and a
+                    # call per value is a good part of what a scrape costs.
+                    lines[index] = (f"{prefix}{value}.0\n" if 0 <= value < 1_000_000
+                                    else f"{prefix}{_count(value)}\n")
+            seen[key] = values
+        return True
 
 
 class PortText:
-    """The last port text and the three objects it was made from, and the layout of the
-    last inventory."""
+    """The last port text and the three objects it was made from, and the lines of the
+    last inventory's text to make the next from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made_from: tuple[object, object, object] | None = None
         self._text = b""
-        self._layout: tuple[object, Layout] | None = None
+        self._samples: tuple[object, Samples] | None = None
 
     def get(self, hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> bytes:
-        """The text for these inputs; made again only when one of them is another object."""
+        """The text for these inputs; made again only when one of them is another object,
+        and then only the lines of the values that changed."""
+        # Under the lock throughout: the lines are updated in place, and a scrape that
+        # waits for another's update then finds its text made.
         with self._lock:
             made = self._made_from
             if (made is not None and made[0] is hcas and made[1] is counters
                     and made[2] is changes):
                 return self._text
-            kept = self._layout
-        # Outside the lock: two scrapes at once both render, which is only slower, while
-        # a scrape waiting on another's render would be slower still.
-        if kept is not None and kept[0] is hcas:
-            layout = kept[1]
-        else:
-            layout = Layout(hcas)
-            with self._lock:
-                self._layout = (hcas, layout)
-        text = port_text(hcas, counters, changes, layout).encode("utf-8")
-        with self._lock:
+            kept = self._samples
+            if kept is not None and kept[0] is hcas:
+                samples = kept[1]
+                if not samples.update(counters, changes):
+                    samples = Samples(samples.layout, counters, changes)
+            else:
+                samples = Samples(Layout(hcas), counters, changes)
+            self._samples = (hcas, samples)
+            text = "".join(samples.lines).encode("utf-8")
             self._made_from, self._text = (hcas, counters, changes), text
-        return text
+            return text
