@@ -301,6 +301,13 @@ def render(status: Status, extra: Iterable[Collects] = (), http_rejected: int = 
            ports: PortText | None = None) -> bytes:
     """The exposition text of one snapshot; pure, so it may run on any thread. Pass the
     same ``ports`` to every call to keep the per-port text between scrapes."""
+    return b"".join(render_parts(status, extra, http_rejected, ports))
+
+
+def render_parts(status: Status, extra: Iterable[Collects] = (), http_rejected: int = 0,
+                 ports: PortText | None = None) -> list[bytes]:
+    """:func:`render`'s text in the three parts it is made of, the port text (most of
+    it, and kept) in the middle: the HTTP server copies them once, into its response."""
     families = StatusFamilies(status, http_rejected)
     before = CollectorRegistry(auto_describe=False)
     before.register(_Collect(families.before_ports))
@@ -311,4 +318,4 @@ def render(status: Status, extra: Iterable[Collects] = (), http_rejected: int = 
     for c in extra:
         after.register(_Collect(c.collect))
     port_text = (ports or PortText()).get(status.hcas, status.counters, status.state_changes)
-    return generate_latest(before) + port_text + generate_latest(after)
+    return [generate_latest(before), port_text, generate_latest(after)]
