@@ -204,6 +204,45 @@ def test_a_kept_layout_writes_what_the_library_writes_as_counters_come_and_go() 
         assert text == reference(hcas, counters, {})
 
 
+counter_names = st.sampled_from(["port_rcv_data", "port_xmit_packets", "link_downed",
+                                  "symbol_error", "odd_one", HW_PREFIX + "np_cnp_sent",
+                                  HW_PREFIX + "out_of_buffer", HW_PREFIX + "rx_write_requests"])
+port_values = st.dictionaries(counter_names, st.integers(0, 2**64 - 1), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(port_values, port_values, st.integers(0, 3)), min_size=1,
+                max_size=6))
+def test_kept_lines_updated_value_by_value_are_what_the_library_writes(
+        reads: list[tuple[dict[str, int], dict[str, int], int]]) -> None:
+    # Each read a new set of mappings: values change, stay, or the counters come and go
+    # or change order; a kept text updated from the last one must be a fresh render's.
+    hcas = (hca("mlx5_0", ports=2),)
+    kept = PortText()
+    last: Counters = {}
+    for first, second, changed in reads:
+        counters: Counters = {("mlx5_0", 1): first, ("mlx5_0", 2): second}
+        if changed == 0 and last:
+            # The same names in the same order, some values bumped: the in-place path.
+            counters = {key: {name: value + (i % 2) for i, (name, value) in
+                              enumerate(values.items())} for key, values in last.items()}
+        changes: Changes = {("mlx5_0", 1): changed}
+        assert kept.get(hcas, counters, changes).decode() == reference(hcas, counters, changes)
+        last = counters
+
+
+def test_a_port_whose_counters_come_in_another_order_is_written_in_that_order() -> None:
+    hcas = (hca("mlx5_0"),)
+    kept = PortText()
+    a, b = HW_PREFIX + "np_cnp_sent", HW_PREFIX + "out_of_buffer"
+    kept.get(hcas, {("mlx5_0", 1): {a: 1, b: 1, "link_downed": 2}}, {})
+    # Equal values (equal mappings) and changed ones, each in the other order.
+    for swapped in ({("mlx5_0", 1): {b: 1, a: 1, "link_downed": 2}},
+                    {("mlx5_0", 1): {a: 1, b: 1, "link_downed": 3}},
+                    {("mlx5_0", 1): {b: 1, a: 1, "link_downed": 3}}):
+        assert kept.get(hcas, swapped, {}).decode() == reference(hcas, swapped, {})
+
+
 def test_render_places_the_port_families_between_the_others() -> None:
     status = Status(version="1", hcas=(hca("mlx5_0"),), ipv6_ready=True)
     text = render(status, ports=PortText()).decode()

@@ -28,7 +28,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rdma_hca.daemon.observe.status import Status
@@ -55,10 +55,12 @@ def split_address(address: str) -> tuple[str | None, int]:
     return (host.removeprefix("[").removesuffix("]") or None), int(port)
 
 
-def _response(status: int, ctype: str, body: bytes, head_only: bool = False) -> bytes:
+def _response(status: int, ctype: str, body: Sequence[bytes], head_only: bool = False) -> bytes:
+    """The response's bytes; the body comes in parts (a scrape's page is three, together
+    over half a megabyte on a large node) so that it is copied once, here."""
     head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    return head if head_only else head + body
+            f"Content-Length: {sum(map(len, body))}\r\nConnection: close\r\n\r\n").encode()
+    return head if head_only else b"".join((head, *body))
 
 
 class MetricsServer:
@@ -139,7 +141,7 @@ class MetricsServer:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
             self._server = None
 
-    async def respond(self, path: str) -> tuple[int, str, bytes]:
+    async def respond(self, path: str) -> tuple[int, str, Sequence[bytes]]:
         path = path.split("?", 1)[0]
         if path == "/metrics":
             if self.on_scrape is not None:
@@ -151,25 +153,25 @@ class MetricsServer:
         if path == "/healthz":
             alive = self.status().liveness(time.time())
             if alive.ok:
-                return 200, "text/plain", b"ok\n"
-            return 503, "text/plain", (alive.reason + "\n").encode()
+                return 200, "text/plain", (b"ok\n",)
+            return 503, "text/plain", ((alive.reason + "\n").encode(),)
         if path == "/readyz":
             s = self.status()
             if s.ready:
-                return 200, "text/plain", b"registered with the kubelet\n"
-            return 503, "text/plain", ("not registered yet: " + ", ".join(s.waiting)
-                                       + "\n").encode()
-        return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"
+                return 200, "text/plain", (b"registered with the kubelet\n",)
+            return 503, "text/plain", (("not registered yet: " + ", ".join(s.waiting)
+                                        + "\n").encode(),)
+        return 404, "text/plain", (b"not found: try /metrics, /healthz or /readyz\n",)
 
-    def _render(self, status: Status, rejected: int) -> tuple[str, bytes]:
+    def _render(self, status: Status, rejected: int) -> tuple[str, list[bytes]]:
         # On the scrape's worker thread: the first scrape loads the Prometheus client there,
         # not at start (registering does not need it) and not on the event loop.
-        from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render
+        from rdma_hca.daemon.observe.metrics import CONTENT_TYPE, render_parts
         from rdma_hca.daemon.observe.port_metrics import PortText
 
         if self._ports is None:
             self._ports = PortText()
-        return CONTENT_TYPE, render(status, self.collectors, rejected, self._ports)
+        return CONTENT_TYPE, render_parts(status, self.collectors, rejected, self._ports)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -177,7 +179,7 @@ class MetricsServer:
         if self._active >= self.max_connections:
             self.rejected += 1
             with contextlib.suppress(Exception):
-                writer.write(_response(503, "text/plain", b"too many connections\n"))
+                writer.write(_response(503, "text/plain", (b"too many connections\n",)))
                 writer.close()
             return
         self._active += 1
@@ -193,7 +195,8 @@ class MetricsServer:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
             line = request.split(b"\r\n", 1)[0].decode("latin-1").split()
             if len(line) < 2 or line[0] not in {"GET", "HEAD"}:
-                status, ctype, body = 405, "text/plain", b"only GET is supported\n"
+                status, ctype = 405, "text/plain"
+                body: Sequence[bytes] = (b"only GET is supported\n",)
             else:
                 status, ctype, body = await self.respond(line[1])
             writer.write(_response(status, ctype, body, head_only=bool(line) and line[0] == "HEAD"))

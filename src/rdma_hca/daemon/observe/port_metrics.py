@@ -9,7 +9,8 @@ Here each port's label text is escaped once per inventory and the lines are form
 directly, and the text is kept until one of its three inputs (the inventory's HCAs, the
 counter cache, the state-change counts) is replaced: the daemon replaces those, never
 edits them, so identity says whether anything changed. Scrapes between two counter
-refreshes then cost nothing here.
+refreshes then cost nothing here; after a refresh, only the values that changed are
+formatted again (:class:`Samples`).
 
 The output is byte for byte what prometheus_client writes for the same families (a test
 renders both ways); the family names are a contract with the chart's alerts.
@@ -183,57 +184,132 @@ def port_text(hcas: Iterable[Hca], counters: Counters, changes: Changes,
               layout: Layout | None = None) -> str:
     """Exposition text of every per-port family, in the order /metrics shows them;
     ``layout`` must be that of ``hcas`` (made here when not given)."""
-    lay = layout or Layout(hcas)
-    out = [lay.fixed, _CHANGED_HEAD]
-    out.extend(f"{prefix}{_count(changes.get(key, 0))}\n" for key, prefix in lay.changed)
-    for name, (_, scale) in COUNTERS.items():
-        out.append(_COUNTER_HEADS[name])
-        for key, prefix in lay.counters[name]:
+    return "".join(Samples(layout or Layout(hcas), counters, changes).pieces)
+
+
+# The text of the smallest values, made once: most counters are errors and drops that
+# stay at or near 0, so most of a kept text's values share these strings.
+_SMALL = tuple(f"{i}.0\n" for i in range(256))
+_SCALED = {name: scale for name, (_, scale) in COUNTERS.items() if scale != 1}
+
+
+def _value(value: int) -> str:
+    """A counter's value as it ends its line."""
+    return _SMALL[value] if 0 <= value < 256 else f"{_count(value)}\n"
+
+
+class Samples:
+    """The port text of one inventory as a list of pieces (each line's name and labels,
+    kept by the layout, then its value), and where each counter's value sits in it, so
+    that the text after a counter refresh formats only the values that changed.
+
+    Between two refreshes most counters keep their value (errors, drops, retransmits),
+    and each port's values come as one mapping, so comparing a port's mapping with the
+    last one (in C) tells whether any of its values must be written again. A port whose
+    set or order of counters changed (a read that failed, a driver's new counter)
+    changes which lines there are: :meth:`update` says so, and the text is made anew."""
+
+    def __init__(self, layout: Layout, counters: Counters, changes: Changes) -> None:
+        self.layout = layout
+        pieces = [layout.fixed, _CHANGED_HEAD]
+        self._changed_at = len(pieces)
+        for key, prefix in layout.changed:
+            pieces += (prefix, _value(changes.get(key, 0)))
+        self._changes = changes
+        # Per port, counter name -> where its value sits in the pieces.
+        found: dict[tuple[str, int], dict[str, int]] = {key: {} for key, _ in layout.ports}
+        for name, (_, scale) in COUNTERS.items():
+            pieces.append(_COUNTER_HEADS[name])
+            for key, prefix in layout.counters[name]:
+                values = counters.get(key)
+                if values and name in values:
+                    found[key][name] = len(pieces) + 1
+                    pieces += (prefix, _value(values[name] * scale))
+        pieces.append(_HW_HEAD)
+        for key, _ in layout.ports:
             values = counters.get(key)
-            if values and name in values:
-                out.append(f"{prefix}{_count(values[name] * scale)}\n")
-    out.append(_HW_HEAD)
-    for key, _ in lay.ports:
-        values = counters.get(key)
-        if not values:
-            continue
-        prefixes = lay.hw_prefixes(key)
-        for name, value in values.items():
-            hw = prefixes.get(name)
-            if hw is None:
-                hw = lay.hw_prefix(key, name)
-            if hw:
-                out.append(f"{hw}{_count(value)}\n")
-    return "".join(out)
+            if not values:
+                continue
+            prefixes = layout.hw_prefixes(key)
+            for name, value in values.items():
+                hw = prefixes.get(name)
+                if hw is None:
+                    hw = layout.hw_prefix(key, name)
+                if hw:
+                    found[key][name] = len(pieces) + 1
+                    pieces += (hw, _value(value))
+        self.pieces = pieces
+        # Per port, in the order of its values: where each one sits (-1: not written).
+        self._at = {key: [at.get(name, -1) for name in counters.get(key) or ()]
+                    for key, at in found.items()}
+        # The mappings the pieces were made from (the daemon's own, not copies).
+        self._seen = {key: counters.get(key) for key, _ in layout.ports}
+
+    def update(self, counters: Counters, changes: Changes) -> bool:
+        """Make the pieces those of these inputs; False when they need other pieces (they
+        are then half updated: make new :class:`Samples`)."""
+        pieces = self.pieces
+        if changes is not self._changes and changes != self._changes:
+            at = self._changed_at + 1
+            for i, (key, _) in enumerate(self.layout.changed):
+                pieces[at + 2 * i] = _value(changes.get(key, 0))
+        self._changes = changes
+        seen, where = self._seen, self._at
+        for key, old in seen.items():
+            values = counters.get(key)
+            if values is old:
+                continue
+            if values == old:
+                # Equal mappings may still list their counters in another order, which
+                # is the order of the port's hw counter lines.
+                if values and old and list(values) != list(old):
+                    return False
+                seen[key] = values
+                continue
+            if not values or not old or len(values) != len(old):
+                return False
+            for (name, value), (known, was), index in zip(
+                    values.items(), old.items(), where[key], strict=True):
+                if name != known:
+                    return False
+                if value != was and index >= 0:
+                    # _value inline for the small values: a call per value is a good part
+                    # of what a scrape costs.
+                    value *= _SCALED.get(name, 1)
+                    pieces[index] = (_SMALL[value] if 0 <= value < 256
+                                     else f"{_count(value)}\n")
+            seen[key] = values
+        return True
 
 
 class PortText:
-    """The last port text and the three objects it was made from, and the layout of the
-    last inventory."""
+    """The last port text and the three objects it was made from, and the pieces of the
+    last inventory's text to make the next from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made_from: tuple[object, object, object] | None = None
         self._text = b""
-        self._layout: tuple[object, Layout] | None = None
+        self._samples: tuple[object, Samples] | None = None
 
     def get(self, hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> bytes:
-        """The text for these inputs; made again only when one of them is another object."""
+        """The text for these inputs; made again only when one of them is another object,
+        and then only the values that changed."""
+        # Under the lock throughout: the pieces are updated in place, and a scrape that
+        # waits for another's update then finds its text made.
         with self._lock:
             made = self._made_from
             if (made is not None and made[0] is hcas and made[1] is counters
                     and made[2] is changes):
                 return self._text
-            kept = self._layout
-        # Outside the lock: two scrapes at once both render, which is only slower, while
-        # a scrape waiting on another's render would be slower still.
-        if kept is not None and kept[0] is hcas:
-            layout = kept[1]
-        else:
-            layout = Layout(hcas)
-            with self._lock:
-                self._layout = (hcas, layout)
-        text = port_text(hcas, counters, changes, layout).encode("utf-8")
-        with self._lock:
+            kept = self._samples
+            if kept is not None and kept[0] is hcas:
+                samples = kept[1]
+                if not samples.update(counters, changes):
+                    samples = Samples(samples.layout, counters, changes)
+            else:
+                samples = Samples(Layout(hcas), counters, changes)
+            self._samples = (hcas, samples)
+            text = "".join(samples.pieces).encode("utf-8")
             self._made_from, self._text = (hcas, counters, changes), text
-        return text
+            return text
