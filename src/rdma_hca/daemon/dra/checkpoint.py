@@ -33,6 +33,7 @@ from rdma_hca.contract.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
     Claims,
+    EncodedClaims,
     PreparedClaim,
     encode,
     load_checkpoint,
@@ -160,6 +161,8 @@ class Checkpoint:
         # The claims of the version last read or written: a file nobody else wrote since
         # costs a stat, not a parse.
         self._cache: tuple[FileId, Claims] | None = None
+        # Each claim's JSON as last written: a write encodes only the claims it changed.
+        self._encoded = EncodedClaims()
 
     def open(self) -> None:
         """Open the lock file (blocks). On a filesystem whose locks the kernel keeps
@@ -246,7 +249,7 @@ class Checkpoint:
                                              f"deadline of {end - start:.3g} s passed")
                     self.renames += 1
                     try:
-                        self.write(self.path, encode(claims))
+                        self.write(self.path, encode(claims, self._encoded))
                     except BaseException:
                         self.renames -= 1
                         if self.on_unsure is not None:
