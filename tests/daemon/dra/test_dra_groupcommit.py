@@ -326,10 +326,12 @@ async def test_files_whose_entry_is_not_written_are_undone(tmp_path: Path) -> No
         with pytest.raises(CheckpointBusy):
             await commits.apply(_entry("x"), _files(spec))
         assert not spec.exists() and checkpoint.writes == 0
-        # The caller gives up while its files are on disk and the batch waits for the lock.
+        # The caller gives up while the batch waits for the lock: its files were never
+        # written (they are written under the lock), nor are they once the lock is free.
         checkpoint.deadline = 30.0
         call = asyncio.create_task(commits.apply(_entry("y"), _files(spec)))
-        await _until(lambda: checkpoint.lock_waits > 0 and spec.exists())
+        await _until(lambda: checkpoint.lock_waits > 0)
+        assert not spec.exists()
         call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await call

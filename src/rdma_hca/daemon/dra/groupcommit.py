@@ -12,9 +12,13 @@ and a batch left with no change is not written: nothing lands on disk for a call
 has already undone its side (a Prepare that removed its CDI spec).
 
 A change may bring files of its own (a Prepare's CDI spec and device metadata), written
-on the same thread just before the checkpoint, so that a Prepare hands work to a thread
-once: a change whose files fail fails alone, and files whose entry is not written (the
-checkpoint write failed, or their caller gave up before it) are undone there too.
+on the same thread under the file lock, after the read and just before the change is
+applied, so that a Prepare hands work to a thread once: a change whose files fail fails
+alone, files are never written for a caller that gave up before its batch took the lock,
+and files whose entry is not written (the checkpoint write failed or timed out) are
+undone there too. A change may also be skipped for what the file already holds
+(``unless``: another instance prepared the claim before this one took its lock): its
+caller gets that, and neither its files nor its entry are written.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ Change = Callable[[Claims], Any]
 Run = Callable[[str, Callable[[], Claims]], Awaitable[Claims]]
 # A change's own files: (write, undo), both blocking; written before the checkpoint.
 Files = tuple[Callable[[], None], Callable[[], None]]
-Pending = tuple[Change, "asyncio.Future[Any]", Files | None]
+Pending = tuple[Change, "asyncio.Future[Any]", Files | None, Change | None]
 
 
 class GroupCommit:
@@ -62,11 +66,13 @@ class GroupCommit:
         """Changes waiting for the next batch."""
         return len(self._pending)
 
-    async def apply(self, change: Callable[[Claims], T], files: Files | None = None) -> T:
+    async def apply(self, change: Callable[[Claims], T], files: Files | None = None, *,
+                    unless: Callable[[Claims], T | None] | None = None) -> T:
         """``change``'s result, once the claims it changed are durable (and ``files``
-        written before them)."""
+        written before them); or what ``unless`` found in the claims on disk (not None),
+        read under the lock, and then nothing is written for this change."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((change, future, files))
+        self._pending.append((change, future, files, unless))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_all(), name="dra-checkpoint-write")
         # Shielded: a caller that stops waiting leaves the batch (and the others) alone;
@@ -87,7 +93,7 @@ class GroupCommit:
                 await self._write(batch)
         finally:
             self._writer = None
-            for _, future, _ in self._pending:  # only when cancelled (the driver stops)
+            for _, future, _, _ in self._pending:  # only when cancelled (the driver stops)
                 future.cancel()
             self._pending = []
 
@@ -98,33 +104,38 @@ class GroupCommit:
             return
         results: list[Any] = [None] * len(batch)
         failed: dict[int, Exception] = {}  # changes whose own files could not be written
-        left_out: set[int] = set()
+        written: list[int] = []  # changes whose own files were written
 
         def change_all(claims: Claims) -> None:
             # On the writing thread, under the file lock, just before the write: a caller
-            # that gave up meanwhile (its future is done) has its change left out.
-            for i, (change, future, _) in enumerate(batch):
-                if i in failed:
-                    continue
+            # that gave up meanwhile (its future is done) has its change left out, and no
+            # file of it is written.
+            for i, (change, future, files, unless) in enumerate(batch):
                 if future.done():
-                    left_out.add(i)
-                else:
-                    results[i] = change(claims)
+                    continue
+                if unless is not None:
+                    found = unless(claims)
+                    if found is not None:
+                        results[i] = found
+                        continue
+                if files is not None:
+                    try:
+                        files[0]()
+                    except Exception as exc:  # that change alone fails
+                        failed[i] = exc
+                        continue
+                    written.append(i)
+                results[i] = change(claims)
 
         fallback = dict(self._known())
         deadline = time.monotonic() + self.checkpoint.deadline
 
         def commit() -> Claims:
-            written = self._write_files(batch, failed)
-            if len(failed) == len(batch):
-                return {}
             try:
-                claims = self.checkpoint.update(change_all, fallback, deadline=deadline)
+                return self.checkpoint.update(change_all, fallback, deadline=deadline)
             except BaseException:
                 _undo(batch, written)
                 raise
-            _undo(batch, [i for i in written if i in left_out])
-            return claims
 
         self.batches += 1
         self.largest = max(self.largest, len(batch))
@@ -132,38 +143,23 @@ class GroupCommit:
         try:
             await self._run(f"writing the checkpoint {self.checkpoint.path}", commit)
         except asyncio.CancelledError:
-            for _, future, _ in batch:
+            for _, future, _, _ in batch:
                 future.cancel()
             raise
         except Exception as exc:
-            for _, future, _ in batch:
+            for _, future, _, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
         finally:
             self.in_flight = 0
-        for i, (_, future, _) in enumerate(batch):
+        for i, (_, future, _, _) in enumerate(batch):
             if future.done():
                 continue
             if i in failed:
                 future.set_exception(failed[i])
             else:
                 future.set_result(results[i])
-
-    @staticmethod
-    def _write_files(batch: list[Pending], failed: dict[int, Exception]) -> list[int]:
-        """On the writing thread: each change's own files; which were written."""
-        written = []
-        for i, (_, future, files) in enumerate(batch):
-            if files is None or future.done():
-                continue
-            try:
-                files[0]()
-            except Exception as exc:  # that change alone fails
-                failed[i] = exc
-            else:
-                written.append(i)
-        return written
 
 
 def _undo(batch: list[Pending], which: list[int]) -> None:
