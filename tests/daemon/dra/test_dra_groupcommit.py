@@ -343,3 +343,46 @@ async def test_files_whose_entry_is_not_written_are_undone(tmp_path: Path) -> No
         if other >= 0:
             os.close(other)
         checkpoint.close()
+
+
+async def test_staged_files_go_in_place_before_the_checkpoint_and_a_failed_one_fails_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca.daemon.dra.files import StagedFile
+
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+    renamed: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        renamed.append(os.path.basename(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    (tmp_path / "blocked").write_text("a file where the spec directory belongs\n")
+    good = StagedFile(str(tmp_path / "cdi" / "good.json"), "good\n")
+    bad = StagedFile(str(tmp_path / "blocked" / "bad.json"), "bad\n")
+    try:
+        results = await asyncio.gather(
+            commits.apply(_entry("good"), (good.place, lambda: None),
+                          staging=(good.flush, good.discard)),
+            commits.apply(_entry("bad"), (bad.place, lambda: None),
+                          staging=(bad.flush, bad.discard)), return_exceptions=True)
+        assert results[0] is None and isinstance(results[1], OSError)
+        assert commits.batches == 1
+        assert _on_disk(checkpoint.path) == {"good"}
+        assert (tmp_path / "cdi" / "good.json").read_text() == "good\n"
+        assert renamed == ["good.json", "checkpoint.json"]  # the spec first
+        leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+        assert leftovers == []
+        # The checkpoint cannot be written: the staged file is not left behind either.
+        (tmp_path / "checkpoint.json").unlink()
+        (tmp_path / "checkpoint.json").mkdir()
+        late = StagedFile(str(tmp_path / "cdi" / "late.json"), "late\n")
+        with pytest.raises(OSError):
+            await commits.apply(_entry("late"), (late.place, Path(late.path).unlink),
+                                staging=(late.flush, late.discard))
+        assert not (tmp_path / "cdi" / "late.json").exists()
+        assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+    finally:
+        checkpoint.close()

@@ -38,7 +38,7 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
-from rdma_hca.daemon.dra.groupcommit import Files
+from rdma_hca.daemon.dra.groupcommit import Files, Staging
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.kubeletplugin.plugin import FetchClaim, PrepareResult
 from rdma_hca.daemon.dra.prepared import PreparedClaims
@@ -67,6 +67,10 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
         raise AllocationUnreadable(f"the allocation of device {r.device} consumed a negative "
                                    f"{driver}/{BANDWIDTH} ({text})")
     return bits
+
+
+# A claim on no record: its entry, its files (write, undo), its spec staged (flush, discard).
+Work = tuple[PreparedClaim, Files, Staging]
 
 
 class SpecNotWritten(ClaimError):
@@ -152,18 +156,20 @@ class ClaimPreparer:
         self.prepared.verify(uid)
         return PrepareResult(known.devices)
 
-    def _work_of(self, claim: Claim) -> tuple[PreparedClaim, Files]:
-        """What a claim on no record gets: its entry, and its files (written, undone)."""
+    def _work_of(self, claim: Claim) -> Work:
+        """What a claim on no record gets: its entry, its files (written, undone) and its
+        CDI spec staged (flushed to a temp file while the checkpoint is written)."""
         uid = claim.uid
         prepared, hcas = self._plan(claim)
         prepared = files.with_config(prepared, claim.device_configs(self.config.driver_name))
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
         spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
+        staged = files.staged_claim_spec(spec_dir, driver, uid, spec)
 
         def write_files() -> None:
             metadata.write(meta)  # before the spec that mounts them
             try:
-                files.write_claim_spec(spec_dir, driver, uid, spec)
+                staged.place()
             except BaseException:
                 metadata.undo(meta)
                 raise
@@ -172,17 +178,18 @@ class ClaimPreparer:
             files.remove_claim_spec(spec_dir, driver, uid)
             metadata.undo(meta)
 
-        return prepared, (write_files, undo_files)
+        return prepared, (write_files, undo_files), (staged.flush, staged.discard)
 
-    async def _commit(self, claim: Claim, work: tuple[PreparedClaim, Files]) -> PrepareResult:
+    async def _commit(self, claim: Claim, work: Work) -> PrepareResult:
         uid = claim.uid
-        prepared, own_files = work
+        prepared, own_files, staging = work
         async with self._devices_locked(prepared.devices):
             try:
                 # Answered once the entry is durable, in the batch of its moment; the files
-                # are written on its thread just before, and undone there when the entry
-                # is not written (without it a restart would forget the claim).
-                found = await self.prepared.add(uid, prepared, own_files,
+                # are put in place on its thread just before its rename (the spec flushed
+                # meanwhile on another), and undone there when the entry is not written
+                # (without it a restart would forget the claim).
+                found = await self.prepared.add(uid, prepared, own_files, staging=staging,
                                                 unless_recorded=self.prepared.shared)
             except OSError as exc:
                 raise SpecNotWritten(f"cannot write the CDI spec or the checkpoint: {exc}") \
