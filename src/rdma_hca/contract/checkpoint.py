@@ -97,9 +97,38 @@ def checksum(claims_json: object) -> str:
     return "sha256:" + hashlib.sha256(_canonical(claims_json).encode()).hexdigest()
 
 
-def encode(claims: Mapping[str, PreparedClaim]) -> str:
-    """The file: the claims in canonical JSON, and the checksum of exactly that text."""
-    body = _canonical({uid: _claim_json(c) for uid, c in claims.items()})
+class EncodedClaims:
+    """Each claim's canonical JSON as last encoded, kept for the next :func:`encode` while
+    the claim is the same object (claims are frozen): a writer that changes one claim of
+    many then encodes one. Holds only the claims of the last call; not thread-safe (its
+    writer encodes under its own lock)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[PreparedClaim, str]] = {}
+
+    def __len__(self) -> int:
+        """Claims held: those of the last call."""
+        return len(self._parts)
+
+    def body(self, claims: Mapping[str, PreparedClaim]) -> str:
+        """``_canonical`` of the claims' JSON, byte for byte: the top level's keys sorted,
+        each entry as it encodes alone."""
+        old, parts = self._parts, {}
+        for uid in sorted(claims):
+            claim = claims[uid]
+            part = old.get(uid)
+            if part is None or part[0] is not claim:
+                part = (claim, _canonical(uid) + ":" + _canonical(_claim_json(claim)))
+            parts[uid] = part
+        self._parts = parts
+        return "{" + ",".join(text for _, text in parts.values()) + "}"
+
+
+def encode(claims: Mapping[str, PreparedClaim], memo: EncodedClaims | None = None) -> str:
+    """The file: the claims in canonical JSON, and the checksum of exactly that text.
+    ``memo``: the entries of an earlier call, reused for the claims that did not change."""
+    body = (_canonical({uid: _claim_json(c) for uid, c in claims.items()}) if memo is None
+            else memo.body(claims))
     digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
     return (f'{{"version": {CHECKPOINT_VERSION}, "checksum": "{digest}",\n'
             f' "claims": {body}}}\n')

@@ -19,8 +19,10 @@ from dra_support import DRIVER, NODE
 from rdma_hca.contract.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
+    EncodedClaims,
     PreparedClaim,
     PreparedDevice,
+    Share,
     decode,
     encode,
 )
@@ -93,6 +95,51 @@ def test_todays_format_is_read_and_the_new_one_checks_itself() -> None:
         decode(edited, "cp")
     with pytest.raises(CheckpointError, match="version"):
         decode(json.dumps({"version": 7, "claims": {}}), "cp")
+
+
+def _claim(i: int, *, share: str | None = None) -> PreparedClaim:
+    shares = (Share(share, 10**9),) if share else ()
+    return PreparedClaim("ns", f"c{i}", (PreparedDevice(
+        ("hca",), NODE, f"mlx5-{i % 8}", f"mlx5_{i % 8}", (f"{DRIVER}/claim=u{i}-mlx5",),
+        shares),))
+
+
+def test_a_writer_reencodes_only_the_claims_it_changed_and_writes_the_same_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca.contract import checkpoint as contract
+
+    encoded: list[str] = []
+    real = contract._claim_json
+
+    def claim_json(c: PreparedClaim) -> dict[str, object]:
+        encoded.append(c.name)
+        return real(c)
+
+    monkeypatch.setattr(contract, "_claim_json", claim_json)
+    memo = EncodedClaims()
+    # Keys out of order, one that needs escaping and one that sorts between the others.
+    claims = {f"u{i}": _claim(i) for i in (3, 1, 2)} | {"ü\\\"x": _claim(9), "u10": _claim(10)}
+    steps = [
+        lambda c: None,
+        lambda c: c.__setitem__("u0", _claim(0, share="s")),  # a new claim
+        lambda c: c.pop("u2"),  # one gone
+        lambda c: c.__setitem__("u1", _claim(1, share="t")),  # one replaced, same UID
+        lambda c: c.clear(),
+        lambda c: c.__setitem__("u5", _claim(5)),
+    ]
+    for step in steps:
+        step(claims)
+        encoded.clear()
+        with_memo = encode(claims, memo)
+        names_encoded = sorted(encoded)
+        assert with_memo == encode(claims)
+        assert decode(with_memo, "cp") == (claims, CHECKPOINT_VERSION)
+        encoded.clear()
+        assert encode(claims, memo) == with_memo
+        assert encoded == []  # nothing changed since: every entry reused
+        if step is steps[3]:
+            assert names_encoded == ["c1"]
+    assert len(memo) == 1  # holds the last call's claims only
 
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])

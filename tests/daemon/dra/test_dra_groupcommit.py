@@ -333,10 +333,12 @@ async def test_files_whose_entry_is_not_written_are_undone(tmp_path: Path) -> No
         with pytest.raises(CheckpointBusy):
             await commits.apply(_entry("x"), _files(spec))
         assert not spec.exists() and checkpoint.writes == 0
-        # The caller gives up while its files are on disk and the batch waits for the lock.
+        # The caller gives up while the batch waits for the lock: its files were never
+        # written (they are written under the lock), nor are they once the lock is free.
         checkpoint.deadline = 30.0
         call = asyncio.create_task(commits.apply(_entry("y"), _files(spec)))
-        await _until(lambda: checkpoint.lock_waits > 0 and spec.exists())
+        await _until(lambda: checkpoint.lock_waits > 0)
+        assert not spec.exists()
         call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await call
@@ -347,4 +349,47 @@ async def test_files_whose_entry_is_not_written_are_undone(tmp_path: Path) -> No
     finally:
         if other >= 0:
             os.close(other)
+        checkpoint.close()
+
+
+async def test_staged_files_go_in_place_before_the_checkpoint_and_a_failed_one_fails_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca.daemon.dra.files import StagedFile
+
+    checkpoint = Checkpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "claims.lock"))
+    commits = GroupCommit(checkpoint, OffLoop(30.0).run, dict)
+    renamed: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        renamed.append(os.path.basename(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    (tmp_path / "blocked").write_text("a file where the spec directory belongs\n")
+    good = StagedFile(str(tmp_path / "cdi" / "good.json"), "good\n")
+    bad = StagedFile(str(tmp_path / "blocked" / "bad.json"), "bad\n")
+    try:
+        results = await asyncio.gather(
+            commits.apply(_entry("good"), (good.place, lambda: None),
+                          staging=(good.flush, good.discard)),
+            commits.apply(_entry("bad"), (bad.place, lambda: None),
+                          staging=(bad.flush, bad.discard)), return_exceptions=True)
+        assert results[0] is None and isinstance(results[1], OSError)
+        assert commits.batches == 1
+        assert _on_disk(checkpoint.path) == {"good"}
+        assert (tmp_path / "cdi" / "good.json").read_text() == "good\n"
+        assert renamed == ["good.json", "checkpoint.json"]  # the spec first
+        leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+        assert leftovers == []
+        # The checkpoint cannot be written: the staged file is not left behind either.
+        (tmp_path / "checkpoint.json").unlink()
+        (tmp_path / "checkpoint.json").mkdir()
+        late = StagedFile(str(tmp_path / "cdi" / "late.json"), "late\n")
+        with pytest.raises(OSError):
+            await commits.apply(_entry("late"), (late.place, Path(late.path).unlink),
+                                staging=(late.flush, late.discard))
+        assert not (tmp_path / "cdi" / "late.json").exists()
+        assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+    finally:
         checkpoint.close()

@@ -19,6 +19,7 @@ from dra_support import DRIVER, NODE
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim, PreparedDevice, Share
 from rdma_hca.daemon.dra.checkpoint import Checkpoint, write_file
+from rdma_hca.daemon.dra.claims import ClaimRef
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.driver import DraDriver
 from rdma_hca.daemon.dra.follow import CheckpointFollower
@@ -504,6 +505,45 @@ async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
         finally:
             await new.stop()
 
+
+
+@pytest.mark.parametrize("readable", [True, False])
+async def test_a_claim_the_other_instance_prepared_unseen_here_is_answered_from_its_entry(
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer, readable: bool) -> None:
+    """A claim this instance has not followed onto its record yet is read and planned at
+    once; the record, read under the file lock when its entry would be written, has the
+    other instance's entry: that is the answer, and nothing of this instance is written.
+    A claim that cannot be read (deleted meanwhile) is answered from the record too."""
+    async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
+        assert s.kubelet is not None and s.driver is not None and s.watcher is not None
+        assert await s.registered()
+        old = s.driver
+        new = DraDriver(dataclasses.replace(s.config(), pod_uid="pod-new"))
+        await new.start(s.watcher.inventory)
+        try:
+            assert await s.registered(2)
+            uid = api.add_claim("ns", "c", [
+                share_result("hca", "mlx5-0", NODE, bandwidth="100G", share_id=SHARE)])
+            answer = (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid]
+            assert answer.error == ""  # by the new instance
+            assert await s.until(lambda: uid in old.prepared)
+            spec = next(p for p in s.cdi_dir.iterdir() if uid in p.name)
+            written = (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text())
+            old.prepared.followed({}, False)  # as if the old one had not followed it yet
+            assert uid not in old.prepared
+            if not readable:
+                api.delete("resourceclaims", "ns", "c")
+            writes, reads = old.prepared.checkpoint.writes, api.count("GET", "/resourceclaims/c")
+            result = (await old.helper.prepare([ClaimRef("ns", uid, "c")]))[uid]
+            assert result.error == ""
+            assert [(d.device, d.cdi_ids) for d in result.devices] == [
+                (d.device_name, tuple(d.cdi_device_ids)) for d in answer.devices]
+            assert old.prepared.checkpoint.writes == writes  # no entry of its own
+            assert (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text()) == written
+            assert old.prepared.verified(uid) is not None and uid in old.prepared
+            assert api.count("GET", "/resourceclaims/c") == reads + 1  # read at once
+        finally:
+            await new.stop()
 
 # --- as processes ----------------------------------------------------------------------------
 

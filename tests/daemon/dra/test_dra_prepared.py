@@ -72,3 +72,34 @@ async def test_shared_the_file_is_the_record_and_another_writer_ends_what_was_ve
     theirs.update(lambda c: c.__setitem__("gone", _claim("gone")), {})
     assert await prepared.remove("gone")
     assert "gone" not in ours.read()[0]
+
+
+async def test_shared_a_claim_the_other_instance_recorded_first_is_answered_from_its_entry(
+        files: tuple[Checkpoint, Checkpoint], tmp_path: Path) -> None:
+    ours, theirs = files
+    prepared = PreparedClaims(ours, OffLoop(5.0), {}, shared=True)
+    await prepared.add("mine", _claim("mine"))
+    # The other instance prepared "c" before this one took the claim's lock, and this one
+    # has not followed the file since: its entry is looked at under the file lock.
+    their_entry = PreparedClaim("ns", "c", _claim("theirs").devices)
+    theirs.update(lambda c: c.__setitem__("c", their_entry), {})
+    spec = tmp_path / "spec.json"
+    spec.write_text("theirs")
+    written, undone = [], []
+
+    def write() -> None:
+        written.append(1)
+        spec.write_text("ours")
+
+    writes = ours.writes
+    found = await prepared.add("c", _claim("c"), (write, lambda: undone.append(1)),
+                               unless_recorded=True)
+    assert found == their_entry
+    assert written == [] and undone == [] and spec.read_text() == "theirs"
+    assert ours.writes == writes and ours.read()[0]["c"] == their_entry
+    assert prepared["c"] == their_entry and prepared.verified("c") is None  # spec not seen
+    # Not on the record: written as usual, the files first.
+    found = await prepared.add("d", _claim("d"), (write, lambda: undone.append(1)),
+                               unless_recorded=True)
+    assert found is None and written == [1] and spec.read_text() == "ours"
+    assert set(ours.read()[0]) == {"mine", "c", "d"} and prepared.verified("d") == _claim("d")

@@ -33,12 +33,13 @@ from rdma_hca.contract.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
     Claims,
+    EncodedClaims,
     PreparedClaim,
     encode,
     load_checkpoint,
 )
+from rdma_hca.daemon.dra.files import StagedFile
 from rdma_hca.kit.backoff import Backoff
-from rdma_hca.kit.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,20 @@ class CheckpointBusy(OSError):
     """An update gave up before writing: the lock was held elsewhere past its deadline."""
 
 
-def write_file(path: str, text: str) -> None:
+def write_file(path: str, text: str, before_rename: Callable[[], None] | None = None) -> None:
     """Replace the file in one rename, after an fsync; then fsync the directory, so that
-    the rename itself survives a power loss (else the old file may come back)."""
-    write_atomic(path, text, mode=0o600)
+    the rename itself survives a power loss (else the old file may come back).
+    ``before_rename``: called once the new text is durable, just before the rename; when
+    it raises, nothing is renamed."""
+    staged = StagedFile(path, text, 0o600)
+    staged.flush()
+    if before_rename is not None:
+        try:
+            before_rename()
+        except BaseException:
+            staged.discard()
+            raise
+    staged.place()
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -135,11 +146,14 @@ class Checkpoint:
     """
 
     def __init__(self, path: str, lock_path: str, *,
-                 write: Callable[[str, str], None] = write_file,
+                 write: Callable[[str, str], None] | None = None,
                  deadline: float = DEADLINE) -> None:
         self.path = path
         self.lock_path = lock_path
-        self.write = write  # (path, text): one durable write of the whole file
+        # (path, text): one durable write of the whole file; by default ``write_file``,
+        # calling an update's ``before_rename`` between the fsync and the rename.
+        self.write = write or self._write_file
+        self._before_rename: Callable[[], None] | None = None
         self.deadline = deadline
         self.writes = 0  # whole-file writes made (each one fsync), counted once done
         # Writes of ours begun, counted before their rename: a follower may skip as many
@@ -160,6 +174,8 @@ class Checkpoint:
         # The claims of the version last read or written: a file nobody else wrote since
         # costs a stat, not a parse.
         self._cache: tuple[FileId, Claims] | None = None
+        # Each claim's JSON as last written: a write encodes only the claims it changed.
+        self._encoded = EncodedClaims()
 
     def open(self) -> None:
         """Open the lock file (blocks). On a filesystem whose locks the kernel keeps
@@ -211,8 +227,13 @@ class Checkpoint:
             merged, self._merged_foreign = self._merged_foreign, False
         return merged
 
+    def _write_file(self, path: str, text: str) -> None:
+        hook, self._before_rename = self._before_rename, None
+        write_file(path, text, hook)
+
     def update(self, change: Callable[[Claims], None], fallback: Mapping[str, PreparedClaim],
-               *, force: bool = False, deadline: float | None = None) -> Claims:
+               *, force: bool = False, deadline: float | None = None,
+               before_rename: Callable[[], None] | None = None) -> Claims:
         """Read the file under the lock, apply ``change``, write it back; the new claims.
 
         What another instance wrote since we last looked is kept. A file that cannot be
@@ -220,7 +241,9 @@ class Checkpoint:
         file is written only when the claims changed, unless ``force`` (a migration).
         ``deadline`` (``time.monotonic()``; by default ``self.deadline`` from now): the
         lock not taken in time, or the time up before the write, raises
-        :class:`CheckpointBusy` and nothing is written.
+        :class:`CheckpointBusy` and nothing is written. ``before_rename``: called under the
+        lock once the new version is durable in its temp file, before the rename (with a
+        write given at construction, before the write); raising, it stops the write.
         """
         start = time.monotonic()
         end = start + self.deadline if deadline is None else deadline
@@ -246,8 +269,14 @@ class Checkpoint:
                                              f"deadline of {end - start:.3g} s passed")
                     self.renames += 1
                     try:
-                        self.write(self.path, encode(claims))
+                        text = encode(claims, self._encoded)
+                        if self.write == self._write_file:
+                            self._before_rename = before_rename
+                        elif before_rename is not None:
+                            before_rename()  # a write given at construction: first
+                        self.write(self.path, text)
                     except BaseException:
+                        self._before_rename = None
                         self.renames -= 1
                         if self.on_unsure is not None:
                             self.on_unsure()
@@ -262,6 +291,8 @@ class Checkpoint:
                     self.written = _file_id(self.path)
                     if self.written is not None:
                         self._cache = (self.written, dict(claims))
+                elif before_rename is not None:  # the file holds the change already
+                    before_rename()
                 return claims
             finally:
                 _ofd_lock(fd, fcntl.F_UNLCK, _FILE_LOCK)

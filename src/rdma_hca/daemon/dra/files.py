@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,7 +26,7 @@ from rdma_hca.contract.hcaconfig import HcaConfig, HcaConfigError, check_fields
 from rdma_hca.daemon.dra.claims import ClaimConfigError
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
-from rdma_hca.kit.files import write_atomic
+from rdma_hca.kit.files import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,61 @@ def write_claim_spec(spec_dir: str, driver: str, claim_uid: str,
     path = cdi_spec_path(spec_dir, driver, claim_uid)
     write_atomic(path, json.dumps(spec, indent=2, sort_keys=True) + "\n")
     return path
+
+
+class StagedFile:
+    """A file's new content, durable in a temp file beside it (``flush``) before one rename
+    puts it in place (``place``): flushed while something else is written, it costs no
+    time of its own. ``discard`` drops a temp file never placed. Blocking, and used by one
+    thread at a time."""
+
+    def __init__(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.path = path
+        self._text = text
+        self._mode = mode
+        self._temp: str | None = None
+
+    def flush(self) -> None:
+        """Write the temp file and fsync it; on a failure nothing is left behind."""
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self._text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(temp, self._mode)  # mkstemp makes it 0600 whatever the umask
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        self._temp = temp
+
+    def place(self) -> None:
+        """Rename the flushed temp file over the file (flushed first if it was not)."""
+        if self._temp is None:
+            self.flush()
+        assert self._temp is not None
+        try:
+            os.replace(self._temp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+        self._temp = None
+
+    def discard(self) -> None:
+        temp, self._temp = self._temp, None
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+
+def staged_claim_spec(spec_dir: str, driver: str, claim_uid: str,
+                      spec: Mapping[str, Any]) -> StagedFile:
+    """A claim's CDI spec, as :func:`write_claim_spec` writes it, in two steps."""
+    return StagedFile(cdi_spec_path(spec_dir, driver, claim_uid),
+                      json.dumps(spec, indent=2, sort_keys=True) + "\n")
 
 
 def remove_claim_spec(spec_dir: str, driver: str, claim_uid: str) -> None:

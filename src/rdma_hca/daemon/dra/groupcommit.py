@@ -11,31 +11,103 @@ caller gave up (cancelled, or failed at its deadline) before the write is left o
 and a batch left with no change is not written: nothing lands on disk for a caller that
 has already undone its side (a Prepare that removed its CDI spec).
 
-A change may bring files of its own (a Prepare's CDI spec and device metadata), written
-on the same thread just before the checkpoint, so that a Prepare hands work to a thread
-once: a change whose files fail fails alone, and files whose entry is not written (the
-checkpoint write failed, or their caller gave up before it) are undone there too.
+A change may bring files of its own (a Prepare's CDI spec and device metadata), put in
+place on the writing thread under the file lock, once the new version of the checkpoint
+is durable in its temp file and just before its rename, so that a Prepare hands work
+to a thread once. Their content may be staged (``staging``: written to temp files and
+fsynced) on another thread meanwhile, so that their fsync and the checkpoint's run at
+once rather than one after the other. A change whose files fail fails alone (the
+checkpoint is then written without it), files are never put in place for a caller that
+gave up before its batch took the lock, and files whose entry is not written (the
+checkpoint write failed or timed out) are undone there too. A change may also be skipped
+for what the file already holds (``unless``: another instance prepared the claim before
+this one took its lock): its caller gets that, and neither its files nor its entry are
+written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim
-from rdma_hca.daemon.dra.checkpoint import Checkpoint
+from rdma_hca.daemon.dra.checkpoint import Checkpoint, CheckpointBusy
+from rdma_hca.kit.workers import WORKERS, NoThread
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Change = Callable[[Claims], Any]
 Run = Callable[[str, Callable[[], Claims]], Awaitable[Claims]]
-# A change's own files: (write, undo), both blocking; written before the checkpoint.
+# A change's own files: (write, undo), both blocking; written before the checkpoint's rename.
 Files = tuple[Callable[[], None], Callable[[], None]]
-Pending = tuple[Change, "asyncio.Future[Any]", Files | None]
+# Their content staged ahead: (flush, discard), both blocking; flush on another thread
+# while the checkpoint is written, discard when the files were not put in place.
+Staging = tuple[Callable[[], None], Callable[[], None]]
+Pending = tuple[Change, "asyncio.Future[Any]", Files | None, Change | None, Staging | None]
+
+
+class _Again(Exception):
+    """The files of a change failed after the checkpoint's new version was flushed: it is
+    written again without that change."""
+
+
+class _Staged:
+    """The batch's staged files, flushed on another thread while the checkpoint is read,
+    changed and flushed; joined before the checkpoint's rename."""
+
+    def __init__(self, batch: list[Pending]) -> None:
+        self._jobs = [(i, p[4]) for i, p in enumerate(batch)
+                      if p[4] is not None and not p[1].done()]
+        self.errors: dict[int, Exception] = {}
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def start(self) -> None:
+        if not self._jobs:
+            self._done.set()
+            return
+        try:
+            WORKERS.submit(self._flush_all, "rdma-hca-stage-files")
+        except NoThread:  # no thread to spare: flushed here, in turn
+            self._flush_all()
+
+    def _flush_all(self) -> None:
+        for i, (flush, _) in self._jobs:
+            try:
+                flush()
+            except Exception as exc:  # that change alone fails
+                self.errors[i] = exc
+        with self._lock:
+            abandoned = self._abandoned
+            self._done.set()
+        if abandoned:  # the batch ended without waiting for these: nothing may stay
+            self._discard()
+
+    def join(self, deadline: float) -> None:
+        if not self._done.wait(max(0.0, deadline - time.monotonic())):
+            raise CheckpointBusy("the claims' files were not written in time")
+
+    def discard(self) -> None:
+        """Drop the temp files not put in place (now, or when the flushing ends)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._abandoned = True
+                return
+        self._discard()
+
+    def _discard(self) -> None:
+        for _, (_, discard) in self._jobs:
+            try:
+                discard()
+            except OSError as exc:
+                log.warning("cannot remove a staged file of a claim: %s", exc)
 
 
 class GroupCommit:
@@ -62,11 +134,15 @@ class GroupCommit:
         """Changes waiting for the next batch."""
         return len(self._pending)
 
-    async def apply(self, change: Callable[[Claims], T], files: Files | None = None) -> T:
+    async def apply(self, change: Callable[[Claims], T], files: Files | None = None, *,
+                    unless: Callable[[Claims], T | None] | None = None,
+                    staging: Staging | None = None) -> T:
         """``change``'s result, once the claims it changed are durable (and ``files``
-        written before them)."""
+        written before them, ``staging`` flushed first); or what ``unless`` found in the
+        claims on disk (not None), read under the lock, and then nothing is written for
+        this change."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((change, future, files))
+        self._pending.append((change, future, files, unless, staging))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_all(), name="dra-checkpoint-write")
         # Shielded: a caller that stops waiting leaves the batch (and the others) alone;
@@ -87,7 +163,7 @@ class GroupCommit:
                 await self._write(batch)
         finally:
             self._writer = None
-            for _, future, _ in self._pending:  # only when cancelled (the driver stops)
+            for _, future, _, _, _ in self._pending:  # only when cancelled (the driver stops)
                 future.cancel()
             self._pending = []
 
@@ -98,33 +174,65 @@ class GroupCommit:
             return
         results: list[Any] = [None] * len(batch)
         failed: dict[int, Exception] = {}  # changes whose own files could not be written
-        left_out: set[int] = set()
+        written: list[int] = []  # changes whose own files were put in place
+        applied: list[int] = []  # changes applied to the version being written
+        staged = _Staged(batch)
 
         def change_all(claims: Claims) -> None:
-            # On the writing thread, under the file lock, just before the write: a caller
-            # that gave up meanwhile (its future is done) has its change left out.
-            for i, (change, future, _) in enumerate(batch):
-                if i in failed:
+            # On the writing thread, under the file lock, after the read: a caller that
+            # gave up meanwhile (its future is done) has its change left out.
+            applied.clear()
+            for i, (change, future, _, unless, _) in enumerate(batch):
+                if i in failed or future.done():
                     continue
-                if future.done():
-                    left_out.add(i)
+                if unless is not None:
+                    found = unless(claims)
+                    if found is not None:
+                        results[i] = found
+                        continue
+                results[i] = change(claims)
+                applied.append(i)
+
+        def place_files() -> None:
+            # The new version is durable, not yet renamed: the files of its changes now.
+            staged.join(deadline)
+            again = False
+            for i in applied:
+                files = batch[i][2]
+                if files is None or i in written:
+                    continue
+                error = staged.errors.get(i)
+                if error is None:
+                    try:
+                        files[0]()
+                    except Exception as exc:
+                        error = exc
+                if error is not None:  # that change alone fails
+                    failed[i] = error
+                    again = True
                 else:
-                    results[i] = change(claims)
+                    written.append(i)
+            if again:
+                raise _Again
 
         fallback = dict(self._known())
         deadline = time.monotonic() + self.checkpoint.deadline
 
         def commit() -> Claims:
-            written = self._write_files(batch, failed)
-            if len(failed) == len(batch):
-                return {}
+            staged.start()
             try:
-                claims = self.checkpoint.update(change_all, fallback, deadline=deadline)
+                while True:  # each time again, one change fewer at least
+                    with contextlib.suppress(_Again):
+                        return self.checkpoint.update(change_all, fallback, deadline=deadline,
+                                                      before_rename=place_files)
             except BaseException:
                 _undo(batch, written)
                 raise
-            _undo(batch, [i for i in written if i in left_out])
-            return claims
+            finally:
+                # Nothing staged is left once the caller hears back (unless stuck).
+                with contextlib.suppress(CheckpointBusy):
+                    staged.join(deadline)
+                staged.discard()
 
         self.batches += 1
         self.largest = max(self.largest, len(batch))
@@ -132,38 +240,23 @@ class GroupCommit:
         try:
             await self._run(f"writing the checkpoint {self.checkpoint.path}", commit)
         except asyncio.CancelledError:
-            for _, future, _ in batch:
+            for _, future, _, _, _ in batch:
                 future.cancel()
             raise
         except Exception as exc:
-            for _, future, _ in batch:
+            for _, future, _, _, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
         finally:
             self.in_flight = 0
-        for i, (_, future, _) in enumerate(batch):
+        for i, (_, future, _, _, _) in enumerate(batch):
             if future.done():
                 continue
             if i in failed:
                 future.set_exception(failed[i])
             else:
                 future.set_result(results[i])
-
-    @staticmethod
-    def _write_files(batch: list[Pending], failed: dict[int, Exception]) -> list[int]:
-        """On the writing thread: each change's own files; which were written."""
-        written = []
-        for i, (_, future, files) in enumerate(batch):
-            if files is None or future.done():
-                continue
-            try:
-                files[0]()
-            except Exception as exc:  # that change alone fails
-                failed[i] = exc
-            else:
-                written.append(i)
-        return written
 
 
 def _undo(batch: list[Pending], which: list[int]) -> None:

@@ -38,6 +38,7 @@ from rdma_hca.daemon.dra.claims import (
 )
 from rdma_hca.daemon.dra.config import DriverConfig
 from rdma_hca.daemon.dra.devices import DeviceOffer
+from rdma_hca.daemon.dra.groupcommit import Files, Staging
 from rdma_hca.daemon.dra.hooks import ClaimHooks
 from rdma_hca.daemon.dra.kubeletplugin.plugin import FetchClaim, PrepareResult
 from rdma_hca.daemon.dra.prepared import PreparedClaims
@@ -68,10 +69,8 @@ def _bandwidth(r: AllocatedDevice, driver: str) -> int:
     return bits
 
 
-def _leave(read: asyncio.Future[Claim] | None) -> None:
-    """A read of the claim not needed after all: it ends on its own, its error unheard."""
-    if read is not None:
-        read.add_done_callback(lambda f: f.cancelled() or f.exception())
+# A claim on no record: its entry, its files (write, undo), its spec staged (flush, discard).
+Work = tuple[PreparedClaim, Files, Staging]
 
 
 class SpecNotWritten(ClaimError):
@@ -121,35 +120,56 @@ class ClaimPreparer:
         known = self.prepared.verified(uid)
         if known is not None:
             return PrepareResult(known.devices)
-        read: asyncio.Future[Claim] | None = None
-        if isinstance(item, ClaimRef) and uid not in self.prepared:
-            # Beside another instance the record is read again under the lock; a claim
-            # this instance has not seen on it is most likely new: read meanwhile, not after.
-            read = asyncio.ensure_future(fetch(item))
-        try:
-            known = await self.prepared.look_up(uid)
-        except BaseException:
-            _leave(read)
-            raise
+        if self.prepared.shared and uid not in self.prepared:
+            return await self._prepare_unseen(item, fetch)
+        # On the record here, or (shared) read again: the other instance may have
+        # unprepared it meanwhile.
+        known = await self.prepared.look_up(uid)
         if known is not None:
-            _leave(read)
-            await self._ensure_spec(uid, known)
-            self.prepared.verify(uid)
-            return PrepareResult(known.devices)
-        # On no record: the claim as read, or read now (its record went meanwhile).
-        if isinstance(item, Claim):
-            claim = item
-        else:
-            claim = await (read if read is not None else fetch(item))
+            return await self._from_record(uid, known)
+        return await self._prepare_claim(item if isinstance(item, Claim) else await fetch(item))
+
+    async def _prepare_unseen(self, item: Claim | ClaimRef, fetch: FetchClaim) -> PrepareResult:
+        """Beside another instance, a claim this one has not seen on the shared record: most
+        likely new, so it is read and planned at once, and the record is looked at when
+        its entry is written (read under the file's lock, in the same hand-off to a
+        thread): an entry found there, written by the other instance before this one took
+        the claim's lock, is the answer, and nothing of this one's is written."""
+        try:
+            claim = item if isinstance(item, Claim) else await fetch(item)
+            work = self._work_of(claim)
+        except Exception:
+            # Not to be prepared as read; but if the other instance prepared it, it is.
+            known = await self.prepared.look_up(item.uid)
+            if known is None:
+                raise
+            return await self._from_record(item.uid, known)
+        return await self._commit(claim, work)
+
+    async def _prepare_claim(self, claim: Claim) -> PrepareResult:
+        """A claim on no record: planned, its files and entry written."""
+        return await self._commit(claim, self._work_of(claim))
+
+    async def _from_record(self, uid: str, known: PreparedClaim) -> PrepareResult:
+        """The answer of a claim on the record, its spec written again if it is gone."""
+        await self._ensure_spec(uid, known)
+        self.prepared.verify(uid)
+        return PrepareResult(known.devices)
+
+    def _work_of(self, claim: Claim) -> Work:
+        """What a claim on no record gets: its entry, its files (written, undone) and its
+        CDI spec staged (flushed to a temp file while the checkpoint is written)."""
+        uid = claim.uid
         prepared, hcas = self._plan(claim)
         prepared = files.with_config(prepared, claim.device_configs(self.config.driver_name))
         meta, spec = self._files_of(uid, prepared, hcas, claim.pod_claim)
         spec_dir, driver = self.config.cdi_spec_dir, self.config.driver_name
+        staged = files.staged_claim_spec(spec_dir, driver, uid, spec)
 
         def write_files() -> None:
             metadata.write(meta)  # before the spec that mounts them
             try:
-                files.write_claim_spec(spec_dir, driver, uid, spec)
+                staged.place()
             except BaseException:
                 metadata.undo(meta)
                 raise
@@ -158,15 +178,24 @@ class ClaimPreparer:
             files.remove_claim_spec(spec_dir, driver, uid)
             metadata.undo(meta)
 
+        return prepared, (write_files, undo_files), (staged.flush, staged.discard)
+
+    async def _commit(self, claim: Claim, work: Work) -> PrepareResult:
+        uid = claim.uid
+        prepared, own_files, staging = work
         async with self._devices_locked(prepared.devices):
             try:
                 # Answered once the entry is durable, in the batch of its moment; the files
-                # are written on its thread just before, and undone there when the entry
-                # is not written (without it a restart would forget the claim).
-                await self.prepared.add(uid, prepared, (write_files, undo_files))
+                # are put in place on its thread just before its rename (the spec flushed
+                # meanwhile on another), and undone there when the entry is not written
+                # (without it a restart would forget the claim).
+                found = await self.prepared.add(uid, prepared, own_files, staging=staging,
+                                                unless_recorded=self.prepared.shared)
             except OSError as exc:
                 raise SpecNotWritten(f"cannot write the CDI spec or the checkpoint: {exc}") \
                     from exc
+        if found is not None:
+            return await self._from_record(uid, found)
         log.info("claim %s/%s prepared: %s", claim.namespace, claim.name,
                  ", ".join(f"{d.device} ({d.hca})" for d in prepared.devices),
                  extra={"claim": claim_field(claim.ref)})

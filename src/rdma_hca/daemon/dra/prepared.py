@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 from rdma_hca.contract.checkpoint import Claims, PreparedClaim
 from rdma_hca.daemon.dra.checkpoint import Checkpoint
-from rdma_hca.daemon.dra.groupcommit import Files, GroupCommit
+from rdma_hca.daemon.dra.groupcommit import Files, GroupCommit, Staging
 from rdma_hca.kit.offloop import OffLoop
 
 
@@ -76,12 +76,29 @@ class PreparedClaims(Mapping[str, PreparedClaim]):
         if uid in self._claims:
             self._verified.add(uid)
 
-    async def add(self, uid: str, claim: PreparedClaim, files: Files | None = None) -> None:
+    async def add(self, uid: str, claim: PreparedClaim, files: Files | None = None, *,
+                  staging: Staging | None = None,
+                  unless_recorded: bool = False) -> PreparedClaim | None:
         """Record a claim just prepared: once its entry is durable (in the group commit's
-        batch of its moment, ``files`` written just before it), it is known and verified."""
-        await self.commits.apply(lambda claims: claims.__setitem__(uid, claim), files)
+        batch of its moment, ``files`` written just before it, ``staging`` flushed
+        meanwhile), it is known and verified.
+        ``unless_recorded``: when the file, read under its lock, holds the claim already
+        (another instance prepared it before this one took the claim's lock), nothing is
+        written and that entry is returned (known, its spec not yet seen)."""
+
+        def record(claims: Claims) -> PreparedClaim | None:
+            claims[uid] = claim
+            return None
+
+        found = await self.commits.apply(
+            record, files, staging=staging,
+            unless=(lambda claims: claims.get(uid)) if unless_recorded else None)
+        if found is not None:
+            self._claims[uid] = found
+            return found
         self._claims[uid] = claim
         self._verified.add(uid)
+        return None
 
     async def remove(self, uid: str) -> bool:
         """Drop a claim's entry; True when it was on the record (here, or shared)."""
