@@ -192,7 +192,14 @@ async def test_metric_families_and_values(node: SimNode, plugin_dir: Path) -> No
             before = kubelet.registrations(R)
             await kubelet.restart()
             await wait_registered(kubelet, more_than=before)
+            # The kubelet holds the registration before the daemon has its answer and
+            # counts it: scrape until the count shows it (or the deadline says it never did).
+            deadline = asyncio.get_running_loop().time() + 10
             samples = await scrape(port)
+            while value(samples, "rdma_hca_registrations_total", resource=R) < 2 \
+                    and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+                samples = await scrape(port)
             assert value(samples, "rdma_hca_kubelet_restarts_total") >= 1
             assert value(samples, "rdma_hca_registrations_total", resource=R) >= 2
             proc.send(signal.SIGTERM)
