@@ -55,10 +55,10 @@ def serve_argv(gpu: SimNode, plugin_dir: Path) -> list[str]:
             "--metrics-address", ""]
 
 
-# decimal's C module loads while the CLI's own modules load (before main runs; serve loads
+# json's C module loads while the CLI's own modules load (before main runs; serve loads
 # yaml's only for a config file); gRPC's core while serve's daemon modules load (before its
 # event loop takes the signals over).
-MOMENTS = {"cli-imports": "_decimal", "daemon-imports": "cygrpc"}
+MOMENTS = {"cli-imports": "_json.", "daemon-imports": "cygrpc"}
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
