@@ -29,14 +29,10 @@ def _create_temp(directory: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name in {directory}")
 
 
-def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` (UTF-8) in one rename, creating its directory.
-
-    Blocks (fsync): call it off the event loop. Raises the OSError of the step that
-    failed; the temp file is then removed and the old file stays as it was.
-    """
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+def write_temp(directory: str, data: str, mode: int = 0o644) -> str:
+    """A new temp file in ``directory`` holding ``data`` (UTF-8), fsynced and given
+    ``mode``: its path, for the caller to rename into place. Blocks (fsync). On a failure
+    nothing is left behind."""
     fd, tmp = _create_temp(directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -45,6 +41,23 @@ def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
             os.fsync(f.fileno())
         # The temp file is created 0600 whatever the umask; readers may need more.
         os.chmod(tmp, mode)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_atomic(path: str, data: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (UTF-8) in one rename, creating its directory.
+
+    Blocks (fsync): call it off the event loop. Raises the OSError of the step that
+    failed; the temp file is then removed and the old file stays as it was.
+    """
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = write_temp(directory, data, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -50,7 +50,6 @@ import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import NotRequired, TypedDict
 
 from rdma_hca.contract.dra import (
@@ -81,7 +80,7 @@ from rdma_hca.contract.dra import (
 from rdma_hca.contract.fabric import SWITCH, SWITCH_PORT, PortNeighbour
 from rdma_hca.daemon.offer.health import hca_healthy, hca_up
 from rdma_hca.daemon.offer.shared import any_healthy, every_usable
-from rdma_hca.kit.quantity import Quantity, QuantityFormat, format_quantity
+from rdma_hca.kit.quantity import format_whole
 from rdma_hca.node.model import CharDevice, Hca
 from rdma_hca.settings.model import BANDWIDTH_STEP, DEFAULT_RDMA_HCA_MAX, Mode
 
@@ -195,7 +194,7 @@ def bandwidth_bps(hca: Hca) -> int | None:
 
 def quantity_text(value: int) -> str:
     """A whole number as the API server prints it: 400000000000 is ``400G``."""
-    return format_quantity(Quantity(Fraction(value), QuantityFormat.DECIMAL_SI))
+    return format_whole(value)
 
 
 _STEP = quantity_text(BANDWIDTH_STEP)

@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,7 +25,7 @@ from rdma_hca.contract.hcaconfig import HcaConfig, HcaConfigError, check_fields
 from rdma_hca.daemon.dra.claims import ClaimConfigError
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
-from rdma_hca.kit.files import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
+from rdma_hca.kit.files import write_atomic, write_temp
 from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger(__name__)
@@ -173,18 +172,7 @@ class StagedFile:
         """Write the temp file and fsync it; on a failure nothing is left behind."""
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self._text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(temp, self._mode)  # mkstemp makes it 0600 whatever the umask
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-        self._temp = temp
+        self._temp = write_temp(directory, self._text, self._mode)
 
     def place(self) -> None:
         """Rename the flushed temp file over the file (flushed first if it was not)."""

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -254,6 +253,8 @@ def remove(plugin_dir: str, namespace: str, name: str, uid: str) -> None:
         return  # not a name a file was ever written under
     if not os.path.isdir(path) or _uids(path) - {uid}:
         return
+    import shutil  # here only: it brings the compression modules, which nothing else needs
+
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
 
