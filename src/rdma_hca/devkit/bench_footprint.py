@@ -210,6 +210,29 @@ class Footprint:
             await self.stop(child)
         return rss, times
 
+    async def run(self, run: int, tag: str, groups: str, tls_kib: int, serve: Sequence[str],
+                  env: dict[str, str] | None, registered: Callable[[], Awaitable[None]],
+                  metrics: str, burst: tuple[str, Callable[[], Awaitable[None]]],
+                  got: dict[str, Any]) -> None:
+        """Run ``run`` of a front end. The first imports ``groups`` one package at a time
+        and is measured after start, after one scrape and after ``burst`` (what it is
+        doing, and doing it) into ``got``; the others import nothing ahead and are timed
+        (``got["start_ms"]``)."""
+        measured, took = await self.start(f"{tag}{run}", groups if run == 0 else "", serve,
+                                           env, registered)
+        if run > 0:
+            got.setdefault("start_ms", []).append(took * 1000)
+        else:
+            doc = await measured.take()
+            got["start"] = split(doc, tls_kib)
+            got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
+            await measured.child.race(scrape_once(metrics), "answering a scrape")
+            got["scraped"] = split(await measured.take(), tls_kib)
+            what, doing = burst
+            await measured.child.race(doing(), what)
+            got["burst"] = split(await measured.take(), tls_kib)
+        await self.stop(measured.child)
+
     async def start(self, tag: str, groups: str, serve: Sequence[str],
                     env: dict[str, str] | None,
                     registered: Callable[[], Awaitable[None]]) -> tuple[Measured, float]:
@@ -283,30 +306,17 @@ async def device_plugin(fp: Footprint, bench: Any, quick: bool) -> dict[str, Any
     metrics = f"127.0.0.1:{free_tcp_port()}"
     serve = serve_argv(str(bench.node.sysfs_root), str(bench.node.dev_root),
                        str(bench.plugin_dir), metrics)[4:]
-    times: list[float] = []
-    got: dict[str, Any] = {}
+    got: dict[str, Any] = {"start_ms": []}
+    sock = str(bench.plugin_dir / socket_name("rdma/hca"))
+    burst = ("answering the Allocate burst",
+             lambda: _allocate_burst(sock, 400 if quick else 2000, 10))
     for run in range(fp.runs + 1):
         before = bench.kubelet.registrations("rdma/hca")
 
         async def registered(before: int = before) -> None:
             await bench.kubelet.wait_for(bench._registered_after(before), 30.0)
 
-        measured, took = await fp.start(f"dp{run}", groups if run == 0 else "", serve, None,
-                                        registered)
-        if run > 0:
-            times.append(took * 1000)
-        if run == 0:
-            doc = await measured.take()
-            got["start"] = split(doc, tls_kib)
-            got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
-            await measured.child.race(scrape_once(metrics), "answering a scrape")
-            got["scraped"] = split(await measured.take(), tls_kib)
-            sock = str(bench.plugin_dir / socket_name("rdma/hca"))
-            await measured.child.race(_allocate_burst(sock, 400 if quick else 2000, 10),
-                                      "answering the Allocate burst")
-            got["burst"] = split(await measured.take(), tls_kib)
-        await fp.stop(measured.child)
-    got["start_ms"] = times
+        await fp.run(run, "dp", groups, tls_kib, serve, None, registered, metrics, burst, got)
     return got
 
 
@@ -326,8 +336,7 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
     # the driver makes the TLS context a node pays for.
     api = FakeApiServer(tls=server_tls(fp.workdir / "fp-tls")).start()
     root = footprint_tmp()
-    got: dict[str, Any] = {}
-    times: list[float] = []
+    got: dict[str, Any] = {"start_ms": []}
     try:
         api.add_node(NODE)
         kubeconfig = api.write_kubeconfig(fp.workdir / "fp-kubeconfig", ca=ca_data())
@@ -345,27 +354,15 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
                     if not await k.wait_registered(DRIVER, 1, 30.0):
                         raise BenchError("the DRA driver did not register")
 
-                measured, took = await fp.start(f"dra{run}", groups if run == 0 else "",
-                                                serve, env, registered)
-                if run > 0:
-                    times.append(took * 1000)
-                if run == 0:
-                    doc = await measured.take()
-                    got["start"] = split(doc, tls_kib)
-                    got["phases"] = phases(doc, measured.spawned, measured.spawned + took)
-                    await measured.child.race(scrape_once(metrics), "answering a scrape")
-                    got["scraped"] = split(await measured.take(), tls_kib)
-                    await measured.child.race(_prepare_burst(api, kubelet,
-                                                             20 if quick else 100, 10),
-                                              "answering the prepare burst")
-                    got["burst"] = split(await measured.take(), tls_kib)
-                await fp.stop(measured.child)
+                burst = ("answering the prepare burst",
+                         lambda k=kubelet: _prepare_burst(api, k, 20 if quick else 100, 10))
+                await fp.run(run, "dra", groups, tls_kib, serve, env, registered, metrics,
+                             burst, got)
             finally:
                 await kubelet.stop()
     finally:
         api.stop()
         shutil.rmtree(root, ignore_errors=True)
-    got["start_ms"] = times
     return got
 
 
