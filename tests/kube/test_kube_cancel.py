@@ -10,15 +10,13 @@ that window on purpose: the HTTP client's answer is handed back only after the c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.credentials import Credentials
 from rdma_hca.kube.eventbody import EventSpec, ObjectRef
 from rdma_hca.kube.events import EVENTS_POLICY, EventRecorder
 
@@ -29,16 +27,7 @@ FAILED = EventSpec(POD, "ClaimPrepareFailed", "device dev0 is gone; check the HC
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.add_node("n1")
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                             context=None, env={}, home=tmp_path)
+async def client(creds: Credentials) -> AsyncIterator[ApiClient]:
     c = ApiClient(creds, EVENTS_POLICY)
     yield c
     await c.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,19 +13,12 @@ import pytest
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kit.backoff import Backoff, jittered
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.credentials import Credentials, load_credentials
 from rdma_hca.kube.errors import ApiError, ConflictError, NotFoundError, UnreachableError
 from rdma_hca.kube.policy import ClientPolicy, Priority, Rate, TokenBucket, retry_after
 from rdma_hca.kube.tally import resource_verb
 
 NODES = "/api/v1/nodes"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.add_node("n1")
-        yield server
 
 
 class Sleeps:
@@ -42,9 +35,7 @@ def sleeps() -> Sleeps:
 
 
 @pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path, sleeps: Sleeps) -> AsyncIterator[ApiClient]:
-    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                             context=None, env={}, home=tmp_path)
+async def client(creds: Credentials, sleeps: Sleeps) -> AsyncIterator[ApiClient]:
     c = ApiClient(creds, ClientPolicy(timeout=2, budget=20), sleep=sleeps)
     yield c
     await c.close()

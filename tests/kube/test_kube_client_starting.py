@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,6 @@ from rdma_hca.kube.policy import ClientPolicy
 
 NODES = "/api/v1/nodes"
 GATE_WAIT = 10.0
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.add_node("n1")
-        yield server
-
-
-@pytest.fixture
-def creds(api: FakeApiServer, tmp_path: Path) -> Credentials:
-    return load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                            context=None, env={}, home=tmp_path)
 
 
 class GatedBuild:

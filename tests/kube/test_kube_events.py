@@ -5,14 +5,13 @@ holds the caller. Clocks are injected: a series window passes without waiting.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
 from rdma_hca.devkit.kube.apiserver import FakeApiServer
 from rdma_hca.kube.client import ApiClient
-from rdma_hca.kube.credentials import load_credentials
+from rdma_hca.kube.credentials import Credentials
 from rdma_hca.kube.eventbody import NORMAL, EventSpec, ObjectRef
 from rdma_hca.kube.events import EVENTS_POLICY, EventRecorder
 
@@ -31,15 +30,7 @@ class Clock:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def client(api: FakeApiServer, tmp_path: Path) -> AsyncIterator[ApiClient]:
-    creds = load_credentials(kubeconfig=str(api.write_kubeconfig(tmp_path / "kc")),
-                             context=None, env={}, home=tmp_path)
+async def client(creds: Credentials) -> AsyncIterator[ApiClient]:
     c = ApiClient(creds, EVENTS_POLICY)
     yield c
     await c.close()
