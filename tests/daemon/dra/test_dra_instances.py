@@ -4,6 +4,7 @@ dead instances, and a second instance following the checkpoint the other writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import os
@@ -11,7 +12,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -482,29 +483,38 @@ async def test_a_write_of_ours_that_fails_after_its_rename_is_still_followed(
         b.close()
 
 
-async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
-        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
-    async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
+@contextlib.asynccontextmanager
+async def _two_instances(dra_node: SimNode, path: Path, api: FakeApiServer
+                         ) -> AsyncIterator[tuple[DraStage, DraDriver, str]]:
+    """A stage's instance (pod-old) with a second (pod-new) started beside it, both
+    registered, and a claim of 100G of mlx5-0: (the stage, the old instance, the claim's
+    UID). The kubelet's calls go to the new instance, the last to register."""
+    async with DraStage(dra_node, path, api=api, pod_uid="pod-old") as s:
         assert s.kubelet is not None and s.driver is not None and s.watcher is not None
         assert await s.registered()
-        old = s.driver
         new = DraDriver(dataclasses.replace(s.config(), pod_uid="pod-new"))
         await new.start(s.watcher.inventory)
         try:
             assert await s.registered(2)
             uid = api.add_claim("ns", "c", [
                 share_result("hca", "mlx5-0", NODE, bandwidth="100G", share_id=SHARE)])
-            resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # to the new one
-            assert resp.claims[uid].error == ""
-            assert await s.until(lambda: uid in old.prepared)
-            assert old.stats().bandwidth_held["mlx5_0"] == 100 * 10**9
-            assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid] \
-                .error == ""
-            assert await s.until(lambda: uid not in old.prepared)
-            assert old.stats().bandwidth_held["mlx5_0"] == 0
+            yield s, s.driver, uid
         finally:
             await new.stop()
 
+
+async def test_a_claim_prepared_by_one_instance_is_held_by_the_other(
+        dra_node: SimNode, tmp_path: Path, api: FakeApiServer) -> None:
+    async with _two_instances(dra_node, tmp_path / "s", api) as (s, old, uid):
+        assert s.kubelet is not None
+        resp = await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])  # to the new one
+        assert resp.claims[uid].error == ""
+        assert await s.until(lambda: uid in old.prepared)
+        assert old.stats().bandwidth_held["mlx5_0"] == 100 * 10**9
+        assert (await s.kubelet.unprepare(DRIVER, [("ns", uid, "c")])).claims[uid] \
+            .error == ""
+        assert await s.until(lambda: uid not in old.prepared)
+        assert old.stats().bandwidth_held["mlx5_0"] == 0
 
 
 @pytest.mark.parametrize("readable", [True, False])
@@ -514,36 +524,26 @@ async def test_a_claim_the_other_instance_prepared_unseen_here_is_answered_from_
     once; the record, read under the file lock when its entry would be written, has the
     other instance's entry: that is the answer, and nothing of this instance is written.
     A claim that cannot be read (deleted meanwhile) is answered from the record too."""
-    async with DraStage(dra_node, tmp_path / "s", api=api, pod_uid="pod-old") as s:
-        assert s.kubelet is not None and s.driver is not None and s.watcher is not None
-        assert await s.registered()
-        old = s.driver
-        new = DraDriver(dataclasses.replace(s.config(), pod_uid="pod-new"))
-        await new.start(s.watcher.inventory)
-        try:
-            assert await s.registered(2)
-            uid = api.add_claim("ns", "c", [
-                share_result("hca", "mlx5-0", NODE, bandwidth="100G", share_id=SHARE)])
-            answer = (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid]
-            assert answer.error == ""  # by the new instance
-            assert await s.until(lambda: uid in old.prepared)
-            spec = next(p for p in s.cdi_dir.iterdir() if uid in p.name)
-            written = (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text())
-            old.prepared.followed({}, False)  # as if the old one had not followed it yet
-            assert uid not in old.prepared
-            if not readable:
-                api.delete("resourceclaims", "ns", "c")
-            writes, reads = old.prepared.checkpoint.writes, api.count("GET", "/resourceclaims/c")
-            result = (await old.helper.prepare([ClaimRef("ns", uid, "c")]))[uid]
-            assert result.error == ""
-            assert [(d.device, d.cdi_ids) for d in result.devices] == [
-                (d.device_name, tuple(d.cdi_device_ids)) for d in answer.devices]
-            assert old.prepared.checkpoint.writes == writes  # no entry of its own
-            assert (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text()) == written
-            assert old.prepared.verified(uid) is not None and uid in old.prepared
-            assert api.count("GET", "/resourceclaims/c") == reads + 1  # read at once
-        finally:
-            await new.stop()
+    async with _two_instances(dra_node, tmp_path / "s", api) as (s, old, uid):
+        assert s.kubelet is not None
+        answer = (await s.kubelet.prepare(DRIVER, [("ns", uid, "c")])).claims[uid]
+        assert answer.error == ""  # by the new instance
+        assert await s.until(lambda: uid in old.prepared)
+        spec = next(p for p in s.cdi_dir.iterdir() if uid in p.name)
+        written = (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text())
+        old.prepared.followed({}, False)  # as if the old one had not followed it yet
+        assert uid not in old.prepared
+        if not readable:
+            api.delete("resourceclaims", "ns", "c")
+        writes, reads = old.prepared.checkpoint.writes, api.count("GET", "/resourceclaims/c")
+        result = (await old.helper.prepare([ClaimRef("ns", uid, "c")]))[uid]
+        assert result.error == ""
+        assert [(d.device, d.cdi_ids) for d in result.devices] == [
+            (d.device_name, tuple(d.cdi_device_ids)) for d in answer.devices]
+        assert old.prepared.checkpoint.writes == writes  # no entry of its own
+        assert (spec.stat().st_ino, spec.stat().st_mtime_ns, spec.read_text()) == written
+        assert old.prepared.verified(uid) is not None and uid in old.prepared
+        assert api.count("GET", "/resourceclaims/c") == reads + 1  # read at once
 
 # --- as processes ----------------------------------------------------------------------------
 
