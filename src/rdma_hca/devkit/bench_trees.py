@@ -132,29 +132,30 @@ def two_port_hcas(count: int) -> list[Any]:
     return specs
 
 
-def _gid_files(sysfs_root: str) -> list[str]:
-    """Every GID entry of every port, reached through the class links as discovery does."""
+def _port_dirs(sysfs_root: str) -> list[str]:
+    """Every port's directory, reached through the class links as discovery does."""
     base = os.path.join(sysfs_root, "class", "infiniband")
+    return [os.path.join(base, hca, "ports", port) for hca in sorted(os.listdir(base))
+            for port in sorted(os.listdir(os.path.join(base, hca, "ports")))]
+
+
+def _gid_files(sysfs_root: str) -> list[str]:
+    """Every GID entry of every port."""
     files = []
-    for hca in sorted(os.listdir(base)):
-        ports = os.path.join(base, hca, "ports")
-        for port in sorted(os.listdir(ports)):
-            gids = os.path.join(ports, port, "gids")
-            files += [os.path.join(gids, g) for g in os.listdir(gids)]
+    for port in _port_dirs(sysfs_root):
+        gids = os.path.join(port, "gids")
+        files += [os.path.join(gids, g) for g in os.listdir(gids)]
     return files
 
 
 def _counter_files(sysfs_root: str) -> list[str]:
     """Every counter and hw counter file of every port."""
-    base = os.path.join(sysfs_root, "class", "infiniband")
     files = []
-    for hca in sorted(os.listdir(base)):
-        ports = os.path.join(base, hca, "ports")
-        for port in sorted(os.listdir(ports)):
-            for kind in ("counters", "hw_counters"):
-                folder = os.path.join(ports, port, kind)
-                if os.path.isdir(folder):
-                    files += [os.path.join(folder, c) for c in sorted(os.listdir(folder))]
+    for port in _port_dirs(sysfs_root):
+        for kind in ("counters", "hw_counters"):
+            folder = os.path.join(port, kind)
+            if os.path.isdir(folder):
+                files += [os.path.join(folder, c) for c in sorted(os.listdir(folder))]
     return files
 
 
