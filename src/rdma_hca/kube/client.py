@@ -180,14 +180,15 @@ class ApiClient:
     def __init__(self, creds: Credentials, policy: ClientPolicy | None = None, *,
                  clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
                  rng: random.Random | None = None, loop: int | None = None,
-                 build: HttpBuilder = _build_http, later: bool = False) -> None:
+                 build: HttpBuilder | None = None, later: bool = False) -> None:
         """``loop``: the id of the event loop the client will run on; clients given one
         share their HTTP client with the others of that loop on the same credentials.
-        ``build`` makes the HTTP client; ``later``: not now (:meth:`starting` does it)."""
+        ``build`` makes the HTTP client (lightkube's when None); ``later``: not now
+        (:meth:`starting` does it)."""
         self.creds = creds
         self.policy = policy or ClientPolicy()
         self._loop = loop
-        self._build = build
+        self._build = build or _build_http
         self._http: Any = None
         self._timeout: Any = None
         self._shared: tuple[int, str] | None = None

@@ -204,9 +204,8 @@ class DraDriver:
                                 deadline=self.config.read_deadline)
         try:
             if events is None and self._given_api is None and isinstance(api, SliceApi):
-                client = await connect_events_client(
-                    api.client.creds, off=self._files,
-                    **({} if self._http is None else {"build": self._http}))
+                client = await connect_events_client(api.client.creds, off=self._files,
+                                                     build=self._http)
                 own_events = events = EventRecorder(client, controller=CONTROLLER,
                                                     instance=self.config.node_name,
                                                     close_client=client.close)

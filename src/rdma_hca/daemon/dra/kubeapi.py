@@ -96,12 +96,11 @@ class SliceApi:
         the first call or :meth:`ready` on; calls wait for it, :meth:`ready` says whether
         it could be built."""
         creds = await read_credentials(kubeconfig, SERVE_CREDENTIALS, off=off)
-        how: dict[str, Any] = {} if build is None else {"build": build}
         client = ApiClient.starting(
             creds, ClientPolicy(qps=qps, burst=burst, timeout=timeout, budget=timeout,
                                 rate_name=DRIVER_BUDGET,
                                 rates=(Rate(CLAIMS_BUDGET, claim_qps, claim_burst),)),
-            off=off, now=now, **how)
+            off=off, now=now, build=build)
         return cls(client)
 
     @classmethod
