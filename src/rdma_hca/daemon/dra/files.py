@@ -25,7 +25,7 @@ from rdma_hca.contract.hcaconfig import HcaConfig, HcaConfigError, check_fields
 from rdma_hca.daemon.dra.claims import ClaimConfigError
 from rdma_hca.daemon.offer.cdi import CdiDevice, cdi_name, make_spec
 from rdma_hca.daemon.offer.env import EnvSettings, container_env
-from rdma_hca.kit.files import write_atomic, write_temp
+from rdma_hca.kit.files import write_temp
 from rdma_hca.node.model import CharDevice, Hca
 
 log = logging.getLogger(__name__)
@@ -151,9 +151,10 @@ def _shares_of(text: object) -> tuple[Share, ...]:
 
 def write_claim_spec(spec_dir: str, driver: str, claim_uid: str,
                      spec: Mapping[str, Any]) -> str:
-    path = cdi_spec_path(spec_dir, driver, claim_uid)
-    write_atomic(path, json.dumps(spec, indent=2, sort_keys=True) + "\n")
-    return path
+    """A claim's CDI spec written in one step (flushed and put in place): its path."""
+    staged = staged_claim_spec(spec_dir, driver, claim_uid, spec)
+    staged.place()
+    return staged.path
 
 
 class StagedFile:
@@ -195,7 +196,7 @@ class StagedFile:
 
 def staged_claim_spec(spec_dir: str, driver: str, claim_uid: str,
                       spec: Mapping[str, Any]) -> StagedFile:
-    """A claim's CDI spec, as :func:`write_claim_spec` writes it, in two steps."""
+    """A claim's CDI spec, to be flushed to a temp file and put in place."""
     return StagedFile(cdi_spec_path(spec_dir, driver, claim_uid),
                       json.dumps(spec, indent=2, sort_keys=True) + "\n")
 
