@@ -199,6 +199,7 @@ class Daemon:
                                                and not self.settings.device_plugin_enabled))
             await server.start()
             self.http = server
+            self.health.on_counters = server.counters_read
             await self.health.refresh_counters()
         # What the followers do for later inventories is done once for the first one
         # before anything is served: a pod allocated at once must find its CDI devices.
@@ -305,6 +306,7 @@ class Daemon:
             await settle([self.node_writer.stop(close_api=True)], within=STOP_STEP,
                          what="the Node fabric writer")
         if self.http is not None:
+            self.health.on_counters = None
             await settle([self.http.stop()], within=STOP_STEP, what="the HTTP server")
             self.http = None
         if self.node_events is not None:

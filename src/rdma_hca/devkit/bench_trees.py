@@ -62,7 +62,8 @@ def scrape_specs(hcas: int) -> tuple[Spec, Spec, Spec]:
              f"/metrics scrape with every counter and hw counter changed, {hcas} HCAs (median)",
              "ms", Target(5.0) if hcas == 64 else None, "same scrape, counters unchanged"),
         Spec(f"counter_read_{hcas}_hcas_ms",
-             f"reading every port's counters and hw counters, {hcas} HCAs (median)", "ms"),
+             f"reading every port's counters and hw counters and making their /metrics "
+             f"text, {hcas} HCAs (median)", "ms"),
         Spec(f"render_{hcas}_hcas_ms",
              f"rendering /metrics with every counter changed, {hcas} HCAs (median)", "ms",
              Target(1.0, on_ratio=True), "prometheus_client's exposition of the same series"),
@@ -460,13 +461,16 @@ async def _loop_lag(rec: Recorder, node: Any, hcas: int, kubelet_dir: Path) -> N
         note=f"{SCRAPES} scrapes by another process, each after every one of the "
              f"{samples} counters ({samples // max(1, len(counters))} a port: the sysfs "
              "ABI's and the driver's hw_counters) was given a new value and read again, so "
-             "each formats every counter value anew (read again with the values unchanged: "
-             f"{_ms(median(same_times)):.1f} ms); baseline: scrapes with the counters not "
-             "read again (the port text is kept)."))
+             "every counter value is new (read again with the values unchanged: "
+             f"{_ms(median(same_times)):.1f} ms); the refresh makes the port text of the "
+             "values it read (its cost is in the counter read figure, and formatting alone "
+             "in the render figure), so the scrape serves it; baseline: scrapes with the "
+             "counters not read again."))
     rec.put(read_spec.figure(
         _ms(median(read_times)),
         note=f"the health loop's counter refresh ({samples} files, on a worker thread with "
-             "the read deadline), as it runs every few seconds while someone scrapes."))
+             "the read deadline, then their /metrics text made on a worker thread), as it "
+             "runs every few seconds while someone scrapes."))
     rec.put(rediscovery_spec.figure(
         _ms(rediscovery_lag), _ms(idle_lag),
         note=f"{REDISCOVERIES} full rediscoveries (as a netlink address event or SIGHUP "

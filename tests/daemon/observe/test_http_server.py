@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from test_port_metrics import hca
 from test_serve_process import child_env, free_port, metric_samples, serve, serve_argv
 
 from rdma_hca.daemon.observe.httpserver import MetricsServer, split_address
@@ -144,3 +145,30 @@ async def test_a_port_shared_by_a_dra_alone_instance_is_refused_to_the_device_pl
         assert (await get("127.0.0.1", port, "/metrics"))[0] == 200  # still the first's
     finally:
         await running.stop()
+
+
+async def test_counters_just_read_are_made_into_the_page_before_the_next_scrape() -> None:
+    # A scrape after a busy interval would otherwise format every new value while the
+    # scraper waits; the refresh makes the text, the scrape serves it.
+    hcas = (hca("mlx5_0"),)
+    now = {"status": Status(version="t", hcas=hcas,
+                            counters={("mlx5_0", 1): {"port_rcv_data": 1}})}
+    server = MetricsServer(lambda: now["status"], "127.0.0.1:0")
+    await server.start()
+    try:
+        await server.counters_read()  # before the first scrape: the client is not loaded
+        assert server.port_texts_made == 0
+        status, body = await get("127.0.0.1", server.bound_port, "/metrics")
+        assert status == 200
+        assert 'rdma_hca_port_receive_bytes_total{hca="mlx5_0",port="1"} 4.0' in body
+        assert server.port_texts_made == 1
+        now["status"] = Status(version="t", hcas=hcas,
+                               counters={("mlx5_0", 1): {"port_rcv_data": 250_000_000}})
+        await server.counters_read()
+        assert server.port_texts_made == 2
+        status, body = await get("127.0.0.1", server.bound_port, "/metrics")
+        assert status == 200
+        assert 'rdma_hca_port_receive_bytes_total{hca="mlx5_0",port="1"} 1e+09' in body
+        assert server.port_texts_made == 2  # served as made, not made again
+    finally:
+        await server.stop()

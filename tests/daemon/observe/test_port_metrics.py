@@ -266,3 +266,14 @@ def test_counter_values_at_the_edges_of_the_fast_form(value: int) -> None:
     counters: Counters = {("mlx5_0", 1): {"link_downed": value, HW_PREFIX + "np_cnp_sent": value}}
     changes: Changes = {("mlx5_0", 1): value}
     assert port_text(hcas, counters, changes) == reference(hcas, counters, changes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(0, 2**64 - 1),
+                 st.tuples(st.integers(1, 99), st.integers(5, 16)).map(
+                     lambda t: t[0] * 10 ** t[1])))
+def test_a_counter_reads_as_the_library_writes_it(value: int) -> None:
+    # Trailing zeros are where a hand-made exponent form goes wrong (1e+09, 1.1e+07).
+    hcas = (hca("mlx5_0"),)
+    counters: Counters = {("mlx5_0", 1): {"link_downed": value}}
+    assert port_text(hcas, counters, {}) == reference(hcas, counters, {})

@@ -163,6 +163,30 @@ class MetricsServer:
                                         + "\n").encode(),)
         return 404, "text/plain", (b"not found: try /metrics, /healthz or /readyz\n",)
 
+    @property
+    def port_texts_made(self) -> int:
+        """How many times the per-port text was made, by a counter refresh or a scrape."""
+        return 0 if self._ports is None else int(self._ports.made)
+
+    async def counters_read(self) -> None:
+        """Make the per-port text of the counters just read, before a scrape asks for it.
+
+        The counters are re-read every few seconds while someone scrapes, and a scrape
+        after a busy interval would otherwise format thousands of new values while the
+        scraper waits (most of its time on a large node). Made here, on the refresh's
+        time, a scrape finds the page's largest part made. Nothing is made before the
+        first scrape, which loads the Prometheus client."""
+        ports = self._ports
+        if ports is None:
+            return
+        s = self.status()
+        try:
+            await WORKERS.run(lambda: ports.get(s.hcas, s.counters, s.state_changes),
+                              "rdma-hca-scrape")
+        except Exception:
+            # The next scrape makes the text itself, and says what fails.
+            log.exception("could not make the port counters' /metrics text ahead of a scrape")
+
     def _render(self, status: Status, rejected: int) -> tuple[str, list[bytes]]:
         # On the scrape's worker thread: the first scrape loads the Prometheus client there,
         # not at start (registering does not need it) and not on the event loop.

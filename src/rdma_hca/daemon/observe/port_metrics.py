@@ -10,7 +10,8 @@ directly, and the text is kept until one of its three inputs (the inventory's HC
 counter cache, the state-change counts) is replaced: the daemon replaces those, never
 edits them, so identity says whether anything changed. Scrapes between two counter
 refreshes then cost nothing here; after a refresh, only the values that changed are
-formatted again (:class:`Samples`).
+formatted again (:class:`Samples`), by the refresh itself once someone scrapes
+(``MetricsServer.counters_read``), so that a scrape serves the text made.
 
 The output is byte for byte what prometheus_client writes for the same families (a test
 renders both ways); the family names are a contract with the chart's alerts.
@@ -86,9 +87,13 @@ def _count(value: int) -> str:
         return f"{value}.0"
     if 0 < value < 1 << 53:  # every integer here is a float exactly
         digits = str(value)
-        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
-        return f"{mantissa}e+{len(digits) - 1:02d}"
+        mantissa = digits.rstrip("0")
+        return (f"{mantissa[0]}.{mantissa[1:]}" if len(mantissa) > 1 else mantissa) + \
+            _EXPONENTS[len(digits) - 1]
     return go_float(value)
+
+
+_EXPONENTS = tuple(f"e+{i:02d}" for i in range(16))
 
 
 def _head(name: str, doc: str, kind: str) -> str:
@@ -239,8 +244,11 @@ class Samples:
                     found[key][name] = len(pieces) + 1
                     pieces += (hw, _value(value))
         self.pieces = pieces
-        # Per port, in the order of its values: where each one sits (-1: not written).
-        self._at = {key: [at.get(name, -1) for name in counters.get(key) or ()]
+        # Per port, in the order of its values: their names, where each one sits (-1: not
+        # written) and its scale, so that an update walks values alone.
+        self._names = {key: list(counters.get(key) or ()) for key in found}
+        self._at = {key: [(at.get(name, -1), _SCALED.get(name, 1))
+                          for name in counters.get(key) or ()]
                     for key, at in found.items()}
         # The mappings the pieces were made from (the daemon's own, not copies).
         self._seen = {key: counters.get(key) for key, _ in layout.ports}
@@ -254,29 +262,31 @@ class Samples:
             for i, (key, _) in enumerate(self.layout.changed):
                 pieces[at + 2 * i] = _value(changes.get(key, 0))
         self._changes = changes
-        seen, where = self._seen, self._at
+        seen, where, names = self._seen, self._at, self._names
+        small = _SMALL
         for key, old in seen.items():
             values = counters.get(key)
             if values is old:
                 continue
-            if values == old:
-                # Equal mappings may still list their counters in another order, which
-                # is the order of the port's hw counter lines.
-                if values and old and list(values) != list(old):
+            if not values or not old:
+                if values != old:  # a port's counters appeared or went: other lines
                     return False
                 seen[key] = values
                 continue
-            if not values or not old or len(values) != len(old):
+            # The same names in the same order (compared in C): the lines stay, only
+            # values change. Another order changes the port's hw counter lines.
+            if list(values) != names[key]:
                 return False
-            for (name, value), (known, was), index in zip(
-                    values.items(), old.items(), where[key], strict=True):
-                if name != known:
-                    return False
+            if values == old:
+                seen[key] = values
+                continue
+            for value, was, (index, scale) in zip(values.values(), old.values(), where[key],
+                                                  strict=True):
                 if value != was and index >= 0:
-                    # _value inline for the small values: a call per value is a good part
-                    # of what a scrape costs.
-                    value *= _SCALED.get(name, 1)
-                    pieces[index] = (_SMALL[value] if 0 <= value < 256
+                    # _value inline: a call per value is a good part of what an update
+                    # after a busy interval costs.
+                    value *= scale
+                    pieces[index] = (small[value] if 0 <= value < 256
                                      else f"{_count(value)}\n")
             seen[key] = values
         return True
@@ -291,6 +301,7 @@ class PortText:
         self._made_from: tuple[object, object, object] | None = None
         self._text = b""
         self._samples: tuple[object, Samples] | None = None
+        self.made = 0  # texts made (a refresh's or a scrape's), for whoever asks who made it
 
     def get(self, hcas: tuple[Hca, ...], counters: Counters, changes: Changes) -> bytes:
         """The text for these inputs; made again only when one of them is another object,
@@ -312,4 +323,5 @@ class PortText:
             self._samples = (hcas, samples)
             text = "".join(samples.pieces).encode("utf-8")
             self._made_from, self._text = (hcas, counters, changes), text
+            self.made += 1
             return text

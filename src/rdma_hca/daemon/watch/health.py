@@ -110,6 +110,9 @@ class HealthWatcher:
         self.inventories: Broadcast[NodeInventory | None] = Broadcast(
             None, same=lambda a, b: a is b)
         self.counters: PortCounters = {}
+        # Awaited after each counter refresh (the metrics server makes its page of them
+        # then, on the refresh's time, not on the next scrape's).
+        self.on_counters: Callable[[], Awaitable[None]] | None = None
         self.state_changes: dict[tuple[str, int], int] = {}
         self.discovery_errors: dict[str, int] = {}
         self.last_pass: float | None = None  # unix time of the last completed pass
@@ -353,6 +356,8 @@ class HealthWatcher:
         """Re-read every port's counters into the cache the scrapes serve."""
         self._counters_at = asyncio.get_running_loop().time()
         self.counters = await self.reader.port_counters()
+        if self.on_counters is not None:
+            await self.on_counters()
 
     async def _refresh_counters(self, now: float) -> None:
         idle = self._scraped_at is None or now - self._scraped_at > SCRAPE_IDLE_SECONDS
