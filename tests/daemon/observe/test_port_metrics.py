@@ -277,3 +277,16 @@ def test_a_counter_reads_as_the_library_writes_it(value: int) -> None:
     hcas = (hca("mlx5_0"),)
     counters: Counters = {("mlx5_0", 1): {"link_downed": value}}
     assert port_text(hcas, counters, {}) == reference(hcas, counters, {})
+
+
+def test_counters_read_again_with_the_same_values_keep_the_text_made() -> None:
+    # Read every few seconds, mostly unchanged: nothing is joined or encoded again.
+    hcas = (hca("mlx5_0", ports=2),)
+    values = {"port_rcv_data": 7, HW_PREFIX + "np_cnp_sent": 3}
+    kept = PortText()
+    first = kept.get(hcas, {("mlx5_0", 1): dict(values), ("mlx5_0", 2): dict(values)}, {})
+    again = kept.get(hcas, {("mlx5_0", 1): dict(values), ("mlx5_0", 2): dict(values)}, {})
+    assert again is first and kept.made == 1
+    bumped: Counters = {("mlx5_0", 1): dict(values), ("mlx5_0", 2): {**values, "port_rcv_data": 8}}
+    text = kept.get(hcas, bumped, {})
+    assert kept.made == 2 and text.decode() == reference(hcas, bumped, {})

@@ -252,12 +252,17 @@ class Samples:
                     for key, at in found.items()}
         # The mappings the pieces were made from (the daemon's own, not copies).
         self._seen = {key: counters.get(key) for key, _ in layout.ports}
+        self.rewrote = True
 
     def update(self, counters: Counters, changes: Changes) -> bool:
         """Make the pieces those of these inputs; False when they need other pieces (they
-        are then half updated: make new :class:`Samples`)."""
+        are then half updated: make new :class:`Samples`). ``rewrote`` then says whether
+        any piece changed (the counters are read again every few seconds, mostly the
+        same)."""
         pieces = self.pieces
+        self.rewrote = False
         if changes is not self._changes and changes != self._changes:
+            self.rewrote = True
             at = self._changed_at + 1
             for i, (key, _) in enumerate(self.layout.changed):
                 pieces[at + 2 * i] = _value(changes.get(key, 0))
@@ -280,6 +285,7 @@ class Samples:
             if values == old:
                 seen[key] = values
                 continue
+            self.rewrote = True
             for value, was, (index, scale) in zip(values.values(), old.values(), where[key],
                                                   strict=True):
                 if value != was and index >= 0:
@@ -318,6 +324,10 @@ class PortText:
                 samples = kept[1]
                 if not samples.update(counters, changes):
                     samples = Samples(samples.layout, counters, changes)
+                elif not samples.rewrote:
+                    # New mappings of the same values: the text is the last one.
+                    self._made_from = (hcas, counters, changes)
+                    return self._text
             else:
                 samples = Samples(Layout(hcas), counters, changes)
             self._samples = (hcas, samples)
