@@ -19,10 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rdma_hca.contract.fabric import PortNeighbour
-from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
-from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
-from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
-from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
 from rdma_hca.daemon.observe.status import Status
@@ -38,9 +34,12 @@ from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.settings.model import ConfigError, Settings
+from rdma_hca.settings.model import KUBELET_SOCKET, ConfigError, Settings
 
 if TYPE_CHECKING:
+    from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+    from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+    from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
     from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
@@ -72,17 +71,27 @@ class Daemon:
         # ``read_deadline`` overrides the setting (tests use short ones).
         self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
                               else read_deadline)
-        self.runtimes = [
-            PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
-            for p in settings.pools
-        ]
-        self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
-        self.lifecycle = KubeletLifecycle(
-            self.runtimes,
-            settings.kubelet_dir,
-            resend_seconds=settings.resend_seconds,
-            on_allocate=self.allocations.observe,
-        )
+        # The device plugin, when a pool is served. Its modules load only then: the DRA
+        # driver alone pays for none of them (its gRPC service and protobuf messages).
+        self.runtimes: list[PoolRuntime] = []
+        self.allocations: AllocationStats | None = None
+        self.lifecycle: KubeletLifecycle | None = None
+        if settings.pools:
+            from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+            from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+            from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
+
+            self.runtimes = [
+                PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
+                for p in settings.pools
+            ]
+            self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
+            self.lifecycle = KubeletLifecycle(
+                self.runtimes,
+                settings.kubelet_dir,
+                resend_seconds=settings.resend_seconds,
+                on_allocate=self.allocations.observe,
+            )
         self.reader: MachineReader = reader or NodeReader(
             Path(settings.sysfs_root), Path(settings.dev_root), deadline=self.read_deadline)
         health_kw: dict[str, Any] = {} if netlink else {"events": None}
@@ -163,14 +172,17 @@ class Daemon:
 
     def rescan(self) -> None:
         """Rediscover now and check the kubelet's socket and ours (what SIGHUP means)."""
-        gone = [r for r, s in self.lifecycle.servers.items() if not os.path.exists(s.path)]
+        lifecycle = self.lifecycle
+        gone = [] if lifecycle is None else [
+            r for r, s in lifecycle.servers.items() if not os.path.exists(s.path)]
         kubelet = os.path.exists(os.path.join(self.settings.kubelet_dir, KUBELET_SOCKET))
         log.info("rescan asked (SIGHUP): rediscovering the node; kubelet.sock %s%s",
                  "is there" if kubelet else "is missing",
                  f"; our socket is gone for {', '.join(gone)}" if gone else "")
         self.health.poke(full=True)
-        for resource in gone:
-            self.lifecycle.request(resource, "rescan: our socket is gone", hurry=True)
+        if lifecycle is not None:
+            for resource in gone:
+                lifecycle.request(resource, "rescan: our socket is gone", hurry=True)
 
     # --- running ----------------------------------------------------------------------
 
@@ -205,7 +217,7 @@ class Daemon:
         await self.node_judge.judge(inventory)
         if self.settings.cdi.enabled:
             await self.cdi.write(inventory)
-        if self.runtimes:
+        if self.lifecycle is not None:
             # DRA alone has no device-plugins directory to wait for.
             await self.lifecycle.start()
             self.supervisor.watch(self.lifecycle.tasks)
@@ -290,14 +302,8 @@ class Daemon:
         self.supervisor.stopping()
         tasks, self._tasks = self._tasks, []
         await cancel_all(tasks, within=STOP_STEP, what="the daemon's tasks")
-        lifecycle = asyncio.ensure_future(self.lifecycle.stop())
-        await settle([lifecycle], within=STOP_STEP, what="the kubelet lifecycle")
-        if not lifecycle.done() or lifecycle.cancelled() or lifecycle.exception() is not None:
-            # A lifecycle task that died re-raises in its stop; its servers must still go.
-            for server in list(self.lifecycle.servers.values()):
-                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
-            self.lifecycle.servers.clear()
-            self.lifecycle.remove_sockets()
+        if self.lifecycle is not None:
+            await self._stop_lifecycle(self.lifecycle)
         if self.dra is not None:
             await settle([self.dra.stop()], within=STOP_STEP, what="the DRA driver")
         if self.node_writer is not None:
@@ -311,6 +317,17 @@ class Daemon:
             recorder, self.node_events = self.node_events.recorder, None
             await settle([recorder.close(grace=EVENTS_GRACE)], within=STOP_STEP,
                          what="the Event recorder")
+
+    @staticmethod
+    async def _stop_lifecycle(lifecycle: KubeletLifecycle) -> None:
+        stopping = asyncio.ensure_future(lifecycle.stop())
+        await settle([stopping], within=STOP_STEP, what="the kubelet lifecycle")
+        if not stopping.done() or stopping.cancelled() or stopping.exception() is not None:
+            # A lifecycle task that died re-raises in its stop; its servers must still go.
+            for server in list(lifecycle.servers.values()):
+                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
+            lifecycle.servers.clear()
+            lifecycle.remove_sockets()
 
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:
@@ -342,7 +359,8 @@ class Daemon:
                 stuck = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
                           "; ".join(describe(t) for t in stuck))
-                self.lifecycle.remove_sockets()
+                if self.lifecycle is not None:
+                    self.lifecycle.remove_sockets()
 
 
 async def follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:
