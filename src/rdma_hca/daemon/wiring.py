@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
 STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
 EVENTS_GRACE = 0.5  # what a stop gives queued Events to go out
+# ``on_started`` waits for the kubelet to have registered every front end (this long at
+# most), then for the calls a kubelet makes once it has (ListAndWatch, GetInfo).
+REGISTERED_WAIT = 2.0
+REGISTERED_POLL = 0.01
+AFTER_REGISTERED = 0.25
 
 
 class Daemon:
@@ -329,10 +334,39 @@ class Daemon:
             lifecycle.servers.clear()
             lifecycle.remove_sockets()
 
+    async def _once_registered(self, then: Callable[[], None],
+                               unless: set[asyncio.Future[Any]]) -> None:
+        """Call ``then`` once the kubelet has registered every front end and made its
+        first calls (or had REGISTERED_WAIT to), unless one of ``unless`` ends first.
+
+        What start-up's end does (a full collection: 10 to 30 ms holding the GIL) would
+        otherwise come in the middle of the kubelet's registration, which the device
+        plugin's start begins but does not wait for.
+        """
+        async def registered() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + REGISTERED_WAIT
+            while not self._registered() and loop.time() < deadline:
+                await asyncio.sleep(REGISTERED_POLL)
+            await asyncio.sleep(AFTER_REGISTERED)
+
+        waiting = asyncio.ensure_future(registered())
+        try:
+            await asyncio.wait({waiting, *unless}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            then()
+
+    def _registered(self) -> bool:
+        return ((self.lifecycle is None or self.lifecycle.ready())
+                and (self.dra is None or self.dra.stats().registered))
+
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:
         """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True);
-        ``on_started`` is called once the daemon has started."""
+        ``on_started`` is called once the daemon has started and the kubelet has
+        registered it (see :meth:`_once_registered`)."""
         stopped = asyncio.ensure_future(stop.wait())
         try:
             # A stop during start (its first discovery may wait a whole read deadline)
@@ -344,10 +378,10 @@ class Daemon:
                 await asyncio.gather(starting, return_exceptions=True)
                 return
             starting.result()
-            if on_started is not None:
-                on_started()
             failed = asyncio.ensure_future(self.supervisor.failed.wait())
             try:
+                if on_started is not None:
+                    await self._once_registered(on_started, {stopped, failed})
                 await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 failed.cancel()
