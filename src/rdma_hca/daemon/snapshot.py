@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from rdma_hca import __version__
 from rdma_hca.daemon.findings import NodeJudge
-from rdma_hca.daemon.observe.status import DraStatus, LldpStatus, PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
     from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
+    from rdma_hca.daemon.observe.status import LldpStatus, Status
     from rdma_hca.kube.events import EventRecorder
 
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
@@ -60,8 +60,19 @@ class StatusSnapshot:
         self.health_stale_after = max(STALE_PASSES * health_poll_seconds,
                                       2 * read_deadline + 5.0)
 
+    @staticmethod
+    def preload() -> None:
+        """Load the status records ahead of the first :meth:`take` (blocking: an import).
+
+        No probe or scrape comes before the kubelet's registration, which need not wait
+        for them: the daemon loads them once registered, off the loop.
+        """
+        from rdma_hca.daemon.observe import status  # noqa: F401
+
     def take(self) -> Status:
         """The daemon's state now, as one frozen record."""
+        from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+
         inv = self.health.inventory
         recorder = self.recorder()
         dra = self.dra.stats() if self.dra is not None else None
@@ -123,6 +134,8 @@ class StatusSnapshot:
     def _lldp(self) -> LldpStatus | None:
         if self.lldp is None:
             return None
+        from rdma_hca.daemon.observe.status import LldpStatus
+
         s = self.lldp.stats()
         writer = self.node_writer()
         return LldpStatus(

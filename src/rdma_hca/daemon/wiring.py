@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from rdma_hca.contract.fabric import PortNeighbour
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
-from rdma_hca.daemon.observe.status import Status
 from rdma_hca.daemon.offer.cdifollow import CDI_CHECK_SECONDS, CdiFollower
 from rdma_hca.daemon.offer.env import env_settings
 from rdma_hca.daemon.overlaps import PoolOverlaps
@@ -32,6 +31,7 @@ from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.aio import cancel_all, describe, settle
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
+from rdma_hca.kit.workers import WORKERS
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import Hca, NodeInventory
 from rdma_hca.settings.model import KUBELET_SOCKET, ConfigError, Settings
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
     from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
+    from rdma_hca.daemon.observe.status import Status
     from rdma_hca.daemon.offer.nodeevents import NodeEvents
     from rdma_hca.kube.events import EventRecorder
 
@@ -337,7 +338,8 @@ class Daemon:
     async def _once_registered(self, then: Callable[[], None],
                                unless: set[asyncio.Future[Any]]) -> None:
         """Call ``then`` once the kubelet has registered every front end and made its
-        first calls (or had REGISTERED_WAIT to), unless one of ``unless`` ends first.
+        first calls (or had REGISTERED_WAIT to), and what only the probes and scrapes use
+        is loaded (off the loop), unless one of ``unless`` ends first.
 
         What start-up's end does (a full collection: 10 to 30 ms holding the GIL) would
         otherwise come in the middle of the kubelet's registration, which the device
@@ -350,7 +352,11 @@ class Daemon:
                 await asyncio.sleep(REGISTERED_POLL)
             await asyncio.sleep(AFTER_REGISTERED)
 
-        waiting = asyncio.ensure_future(registered())
+        async def registered_and_loaded() -> None:
+            await registered()
+            await WORKERS.run(self.snapshot.preload, "rdma-hca-preload")
+
+        waiting = asyncio.ensure_future(registered_and_loaded())
         try:
             await asyncio.wait({waiting, *unless}, return_when=asyncio.FIRST_COMPLETED)
         finally:
