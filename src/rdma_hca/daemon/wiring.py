@@ -28,6 +28,7 @@ from rdma_hca.daemon.snapshot import StatusSnapshot
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
+from rdma_hca.kit import dirwatch
 from rdma_hca.kit.aio import cancel_all, describe, settle
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
@@ -194,7 +195,12 @@ class Daemon:
 
     async def start(self) -> None:
         """Discover, then serve and register, then watch; returns once started."""
+        # Both front ends watch the kubelet's directories from the moment they serve: the
+        # inotify bindings load beside the first discovery, whose reads leave the GIL free
+        # much of the time, rather than on the loop while the kubelet registers us.
+        loading = asyncio.ensure_future(WORKERS.run(dirwatch.load, "rdma-hca-preload"))
         inventory = await self.health.refresh()
+        await loading
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
         await self._start_events()
