@@ -217,6 +217,21 @@ def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
         gc.unfreeze()  # the other tests' objects go back where they were
 
 
+def test_serve_collects_again_once_started() -> None:
+    import gc
+
+    from rdma_hca.daemon.main import started
+
+    gc.disable()  # as rdma_hca.cli leaves it for serve's start
+    try:
+        started()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 async def test_a_task_that_gave_way_to_another_instance_is_said_in_its_own_line(
         caplog: pytest.LogCaptureFixture) -> None:
     from rdma_hca.daemon.dra.kubeletplugin.sockets import SocketTaken
