@@ -197,13 +197,20 @@ class Daemon:
         """Discover, then serve and register, then watch; returns once started."""
         # Both front ends watch the kubelet's directories from the moment they serve: the
         # inotify bindings load beside the first discovery, whose reads leave the GIL free
-        # much of the time, rather than on the loop while the kubelet registers us.
+        # much of the time, rather than on the loop while the kubelet registers us. So are
+        # the Events client's credentials read (with a kubeconfig: the YAML parser loaded).
         loading = asyncio.ensure_future(WORKERS.run(dirwatch.load, "rdma-hca-preload"))
-        inventory = await self.health.refresh()
+        events = asyncio.ensure_future(self._start_events())
+        try:
+            inventory = await self.health.refresh()
+        except BaseException:
+            events.cancel()
+            await asyncio.gather(events, return_exceptions=True)
+            raise
         await loading
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
-        await self._start_events()
+        await events
         try:
             self.overlaps.refuse_at_start(inventory.hcas)
         except ConfigError as exc:
