@@ -152,13 +152,15 @@ def test_health_poll_has_no_default_of_its_own() -> None:
 
 
 
-async def test_run_calls_on_started_once_the_daemon_serves(
+async def test_run_calls_on_started_once_the_daemon_serves_and_is_registered(
         node: SimNode, plugin_dir: Path, kubelet: KubeletEmulator) -> None:
+    # Not before the kubelet's registration: what start-up's end does would hold it up.
     d = Daemon(make_settings(node, plugin_dir, metrics_address="127.0.0.1:0"), netlink=False)
     seen: list[bool] = []
     stop = asyncio.Event()
     running = asyncio.create_task(d.run(stop, on_started=lambda: seen.append(
-        d.http is not None and d.inventory is not None)))
+        d.http is not None and d.inventory is not None and d.lifecycle is not None
+        and d.lifecycle.ready() and kubelet.registrations(R) == 1)))
     try:
         assert await wait_until(lambda: bool(seen), 10)
         await asyncio.sleep(0.2)
@@ -166,6 +168,36 @@ async def test_run_calls_on_started_once_the_daemon_serves(
         stop.set()
         await asyncio.wait_for(running, 10)
     assert seen == [True]
+
+
+async def test_run_calls_on_started_without_a_kubelet_once_it_had_its_time(
+        node: SimNode, plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_hca.daemon import wiring
+
+    monkeypatch.setattr(wiring, "REGISTERED_WAIT", 0.2)
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    seen: list[bool] = []
+    stop = asyncio.Event()
+    running = asyncio.create_task(d.run(stop, on_started=lambda: seen.append(
+        d.lifecycle is not None and not d.lifecycle.ready())))
+    try:
+        assert await wait_until(lambda: bool(seen), 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    assert seen == [True]
+
+
+async def test_a_stop_before_the_registration_ends_the_run_without_on_started(
+        node: SimNode, plugin_dir: Path) -> None:
+    d = Daemon(make_settings(node, plugin_dir), netlink=False)
+    seen: list[bool] = []
+    stop = asyncio.Event()
+    running = asyncio.create_task(d.run(stop, on_started=lambda: seen.append(True)))
+    assert await wait_until(lambda: d.lifecycle is not None and bool(d.lifecycle.tasks), 10)
+    stop.set()
+    await asyncio.wait_for(running, 10)  # no kubelet: it would wait REGISTERED_WAIT else
+    assert seen == []
 
 
 def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
@@ -183,6 +215,21 @@ def test_settle_heap_puts_what_lives_now_out_of_the_collectors_reach() -> None:
         assert any(o is later for o in gc.get_objects())
     finally:
         gc.unfreeze()  # the other tests' objects go back where they were
+
+
+def test_serve_collects_again_once_started() -> None:
+    import gc
+
+    from rdma_hca.daemon.main import started
+
+    gc.disable()  # as rdma_hca.cli leaves it for serve's start
+    try:
+        started()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
 
 
 async def test_a_task_that_gave_way_to_another_instance_is_said_in_its_own_line(

@@ -228,6 +228,28 @@ def test_serve_logs_warnings_before_serving(capsys: pytest.CaptureFixture[str],
     assert "RDMA_HCA_MODEE is ignored; did you mean RDMA_HCA_MODE?" in line["message"]
 
 
+def test_serve_starts_with_the_collector_off_and_main_gives_it_back(
+        gpu: SimNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    seen: list[bool] = []
+
+    def fake_serve(settings: Settings) -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    monkeypatch.setattr(cli, "_command", lambda *_: fake_serve)
+    assert gc.isenabled()
+    argv = ["serve", "--sysfs-root", str(gpu.sysfs_root), "--dev-root", str(gpu.dev_root)]
+    assert cli.main(argv, env={}) == 0
+    assert seen == [False]  # daemon.main turns it on once started (test_supervise)
+    assert gc.isenabled()
+    # Another command runs with the collector as it was.
+    assert cli.main(["discover", "--sysfs-root", str(gpu.sysfs_root), "--dev-root",
+                     str(gpu.dev_root), "--json"], env={}) == 0
+    assert gc.isenabled()
+
+
 # --- a closed pipe ----------------------------------------------------------------------------
 
 

@@ -16,13 +16,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.overlaps import PoolOverlaps
 from rdma_hca.kit.workers import WORKERS
 from rdma_hca.node.model import Gid, Hca, NodeInventory
 from rdma_hca.node.roce import ipv6_missing
 from rdma_hca.settings.model import Settings
+
+if TYPE_CHECKING:
+    # The pools' runtimes are read, never made here: the DRA driver alone has none and
+    # loads nothing of the device plugin.
+    from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 
 log = logging.getLogger(__name__)
 

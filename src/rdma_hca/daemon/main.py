@@ -60,6 +60,13 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+def started() -> None:
+    """What serve does once the daemon has started and registered: settle the heap, then
+    collect as usual again (``rdma_hca.cli`` turns the collector off for the start)."""
+    settle_heap()
+    gc.enable()
+
+
 def raise_fd_limit() -> tuple[int, int] | None:
     """Raise the soft limit on open files to the hard one; the (old, new) soft limits.
 
@@ -106,7 +113,7 @@ def serve(settings: Settings) -> int:
         daemon = Daemon(settings)
         loop.add_signal_handler(signal.SIGHUP, daemon.rescan)
         try:
-            await daemon.run(stop, on_started=settle_heap)
+            await daemon.run(stop, on_started=started)
         except BindError as exc:
             log.error("%s", exc)
             return EXIT_USAGE

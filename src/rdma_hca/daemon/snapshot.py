@@ -12,20 +12,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rdma_hca import __version__
-from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
-from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
-from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.findings import NodeJudge
-from rdma_hca.daemon.observe.status import DraStatus, LldpStatus, PoolStatus, Status
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
 from rdma_hca.kit.offloop import OffLoop
 
 if TYPE_CHECKING:
+    from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+    from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+    from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
     from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
+    from rdma_hca.daemon.observe.status import LldpStatus, Status
     from rdma_hca.kube.events import EventRecorder
 
 STALE_PASSES = 5  # /healthz fails after this many poll intervals without a health pass
@@ -33,10 +33,12 @@ STALE_PASSES = 5  # /healthz fails after this many poll intervals without a heal
 
 class StatusSnapshot:
     """``recorder`` gives the node's Event recorder once start has made one, and
-    ``node_writer`` the Node fabric writer."""
+    ``node_writer`` the Node fabric writer; ``lifecycle`` and ``allocations`` are None
+    when no pool is served (the DRA driver alone), and ``runtimes`` is empty then."""
 
-    def __init__(self, *, runtimes: Sequence[PoolRuntime], lifecycle: KubeletLifecycle,
-                 allocations: AllocationStats, health: HealthWatcher, reader: MachineReader,
+    def __init__(self, *, runtimes: Sequence[PoolRuntime],
+                 lifecycle: KubeletLifecycle | None,
+                 allocations: AllocationStats | None, health: HealthWatcher, reader: MachineReader,
                  files: OffLoop, supervisor: Supervisor, judge: NodeJudge,
                  dra: DraDriver | None, recorder: Callable[[], EventRecorder | None],
                  health_poll_seconds: float, read_deadline: float,
@@ -58,34 +60,46 @@ class StatusSnapshot:
         self.health_stale_after = max(STALE_PASSES * health_poll_seconds,
                                       2 * read_deadline + 5.0)
 
+    @staticmethod
+    def preload() -> None:
+        """Load the status records ahead of the first :meth:`take` (blocking: an import).
+
+        No probe or scrape comes before the kubelet's registration, which need not wait
+        for them: the daemon loads them once registered, off the loop.
+        """
+        from rdma_hca.daemon.observe import status  # noqa: F401
+
     def take(self) -> Status:
         """The daemon's state now, as one frozen record."""
+        from rdma_hca.daemon.observe.status import DraStatus, PoolStatus, Status
+
         inv = self.health.inventory
         recorder = self.recorder()
         dra = self.dra.stats() if self.dra is not None else None
+        lifecycle, allocations = self.lifecycle, self.allocations
         return Status(
             version=__version__,
             hcas=inv.hcas if inv is not None else (),
             gpus=inv.gpus if inv is not None else (),
             events=None if recorder is None else _event_counts(recorder),
             lldp=self._lldp(),
-            pools=tuple(
+            pools=() if lifecycle is None else tuple(
                 PoolStatus(
                     resource=r.resource_name,
                     devices=len(r.state.devices),
                     healthy=r.state.healthy_count(),
                     hcas=r.selected_hca_count,
                     missing=r.missing_hcas,
-                    registered=bool(self.lifecycle.registered.get(r.resource_name)),
-                    registrations=self.lifecycle.registrations.get(r.resource_name, 0),
+                    registered=bool(lifecycle.registered.get(r.resource_name)),
+                    registrations=lifecycle.registrations.get(r.resource_name, 0),
                     selected=r.selected_hcas,
                 )
                 for r in self.runtimes
             ),
-            kubelet_restarts=self.lifecycle.kubelet_restarts,
-            allocations=dict(self.allocations.total),
-            allocate_seconds=self.allocations.latency(),
-            allocate_created=dict(self.allocations.created),
+            kubelet_restarts=0 if lifecycle is None else lifecycle.kubelet_restarts,
+            allocations={} if allocations is None else dict(allocations.total),
+            allocate_seconds={} if allocations is None else allocations.latency(),
+            allocate_created={} if allocations is None else dict(allocations.created),
             ipv6_ready=self.judge.ipv6_ready,
             counters=self.health.counters,
             state_changes=self.health.state_changes,
@@ -120,6 +134,8 @@ class StatusSnapshot:
     def _lldp(self) -> LldpStatus | None:
         if self.lldp is None:
             return None
+        from rdma_hca.daemon.observe.status import LldpStatus
+
         s = self.lldp.stats()
         writer = self.node_writer()
         return LldpStatus(

@@ -19,13 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rdma_hca.contract.fabric import PortNeighbour
-from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
-from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
-from rdma_hca.daemon.deviceplugin.registration import KUBELET_SOCKET
-from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.daemon.findings import NodeJudge
 from rdma_hca.daemon.observe.httpserver import MetricsServer
-from rdma_hca.daemon.observe.status import Status
 from rdma_hca.daemon.offer.cdifollow import CDI_CHECK_SECONDS, CdiFollower
 from rdma_hca.daemon.offer.env import env_settings
 from rdma_hca.daemon.overlaps import PoolOverlaps
@@ -33,17 +28,23 @@ from rdma_hca.daemon.snapshot import StatusSnapshot
 from rdma_hca.daemon.supervise import Supervisor
 from rdma_hca.daemon.watch.health import HealthWatcher
 from rdma_hca.daemon.watch.machine import MachineReader
+from rdma_hca.kit import dirwatch
 from rdma_hca.kit.aio import cancel_all, describe, settle
 from rdma_hca.kit.offloop import OffLoop
 from rdma_hca.kit.probe import default_dir, probe_socket_path
+from rdma_hca.kit.workers import WORKERS
 from rdma_hca.node.deadline_reader import NodeReader
 from rdma_hca.node.model import Hca, NodeInventory
-from rdma_hca.settings.model import ConfigError, Settings
+from rdma_hca.settings.model import KUBELET_SOCKET, ConfigError, Settings
 
 if TYPE_CHECKING:
+    from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+    from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+    from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
     from rdma_hca.daemon.dra.driver import DraDriver
     from rdma_hca.daemon.fabric.listener import LldpListener
     from rdma_hca.daemon.fabric.nodelabel import NodeFabricWriter
+    from rdma_hca.daemon.observe.status import Status
     from rdma_hca.daemon.offer.nodeevents import NodeEvents
     from rdma_hca.kube.events import EventRecorder
 
@@ -52,6 +53,11 @@ log = logging.getLogger(__name__)
 STOP_DEADLINE = 1.5  # SIGTERM must end the process within 2 s
 STOP_STEP = 1.0  # what one step of a stop may take before it is named and left
 EVENTS_GRACE = 0.5  # what a stop gives queued Events to go out
+# ``on_started`` waits for the kubelet to have registered every front end (this long at
+# most), then for the calls a kubelet makes once it has (ListAndWatch, GetInfo).
+REGISTERED_WAIT = 2.0
+REGISTERED_POLL = 0.01
+AFTER_REGISTERED = 0.25
 
 
 class Daemon:
@@ -72,17 +78,27 @@ class Daemon:
         # ``read_deadline`` overrides the setting (tests use short ones).
         self.read_deadline = (settings.read_deadline_seconds if read_deadline is None
                               else read_deadline)
-        self.runtimes = [
-            PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
-            for p in settings.pools
-        ]
-        self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
-        self.lifecycle = KubeletLifecycle(
-            self.runtimes,
-            settings.kubelet_dir,
-            resend_seconds=settings.resend_seconds,
-            on_allocate=self.allocations.observe,
-        )
+        # The device plugin, when a pool is served. Its modules load only then: the DRA
+        # driver alone pays for none of them (its gRPC service and protobuf messages).
+        self.runtimes: list[PoolRuntime] = []
+        self.allocations: AllocationStats | None = None
+        self.lifecycle: KubeletLifecycle | None = None
+        if settings.pools:
+            from rdma_hca.daemon.deviceplugin.allocations import AllocationStats
+            from rdma_hca.daemon.deviceplugin.kubelet import KubeletLifecycle
+            from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
+
+            self.runtimes = [
+                PoolRuntime(p, env=env_settings(settings), cdi=settings.cdi.enabled)
+                for p in settings.pools
+            ]
+            self.allocations = AllocationStats(r.resource_name for r in self.runtimes)
+            self.lifecycle = KubeletLifecycle(
+                self.runtimes,
+                settings.kubelet_dir,
+                resend_seconds=settings.resend_seconds,
+                on_allocate=self.allocations.observe,
+            )
         self.reader: MachineReader = reader or NodeReader(
             Path(settings.sysfs_root), Path(settings.dev_root), deadline=self.read_deadline)
         health_kw: dict[str, Any] = {} if netlink else {"events": None}
@@ -163,23 +179,38 @@ class Daemon:
 
     def rescan(self) -> None:
         """Rediscover now and check the kubelet's socket and ours (what SIGHUP means)."""
-        gone = [r for r, s in self.lifecycle.servers.items() if not os.path.exists(s.path)]
+        lifecycle = self.lifecycle
+        gone = [] if lifecycle is None else [
+            r for r, s in lifecycle.servers.items() if not os.path.exists(s.path)]
         kubelet = os.path.exists(os.path.join(self.settings.kubelet_dir, KUBELET_SOCKET))
         log.info("rescan asked (SIGHUP): rediscovering the node; kubelet.sock %s%s",
                  "is there" if kubelet else "is missing",
                  f"; our socket is gone for {', '.join(gone)}" if gone else "")
         self.health.poke(full=True)
-        for resource in gone:
-            self.lifecycle.request(resource, "rescan: our socket is gone", hurry=True)
+        if lifecycle is not None:
+            for resource in gone:
+                lifecycle.request(resource, "rescan: our socket is gone", hurry=True)
 
     # --- running ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Discover, then serve and register, then watch; returns once started."""
-        inventory = await self.health.refresh()
+        # Both front ends watch the kubelet's directories from the moment they serve: the
+        # inotify bindings load beside the first discovery, whose reads leave the GIL free
+        # much of the time, rather than on the loop while the kubelet registers us. So are
+        # the Events client's credentials read (with a kubeconfig: the YAML parser loaded).
+        loading = asyncio.ensure_future(WORKERS.run(dirwatch.load, "rdma-hca-preload"))
+        events = asyncio.ensure_future(self._start_events())
+        try:
+            inventory = await self.health.refresh()
+        except BaseException:
+            events.cancel()
+            await asyncio.gather(events, return_exceptions=True)
+            raise
+        await loading
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
                  ", ".join(h.name for h in inventory.hcas) or "none")
-        await self._start_events()
+        await events
         try:
             self.overlaps.refuse_at_start(inventory.hcas)
         except ConfigError as exc:
@@ -206,7 +237,7 @@ class Daemon:
         await self.node_judge.judge(inventory)
         if self.settings.cdi.enabled:
             await self.cdi.write(inventory)
-        if self.runtimes:
+        if self.lifecycle is not None:
             # DRA alone has no device-plugins directory to wait for.
             await self.lifecycle.start()
             self.supervisor.watch(self.lifecycle.tasks)
@@ -291,14 +322,8 @@ class Daemon:
         self.supervisor.stopping()
         tasks, self._tasks = self._tasks, []
         await cancel_all(tasks, within=STOP_STEP, what="the daemon's tasks")
-        lifecycle = asyncio.ensure_future(self.lifecycle.stop())
-        await settle([lifecycle], within=STOP_STEP, what="the kubelet lifecycle")
-        if not lifecycle.done() or lifecycle.cancelled() or lifecycle.exception() is not None:
-            # A lifecycle task that died re-raises in its stop; its servers must still go.
-            for server in list(self.lifecycle.servers.values()):
-                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
-            self.lifecycle.servers.clear()
-            self.lifecycle.remove_sockets()
+        if self.lifecycle is not None:
+            await self._stop_lifecycle(self.lifecycle)
         if self.dra is not None:
             await settle([self.dra.stop()], within=STOP_STEP, what="the DRA driver")
         if self.node_writer is not None:
@@ -314,10 +339,55 @@ class Daemon:
             await settle([recorder.close(grace=EVENTS_GRACE)], within=STOP_STEP,
                          what="the Event recorder")
 
+    @staticmethod
+    async def _stop_lifecycle(lifecycle: KubeletLifecycle) -> None:
+        stopping = asyncio.ensure_future(lifecycle.stop())
+        await settle([stopping], within=STOP_STEP, what="the kubelet lifecycle")
+        if not stopping.done() or stopping.cancelled() or stopping.exception() is not None:
+            # A lifecycle task that died re-raises in its stop; its servers must still go.
+            for server in list(lifecycle.servers.values()):
+                await settle([server.stop()], within=STOP_STEP, what=f"the {server.path} server")
+            lifecycle.servers.clear()
+            lifecycle.remove_sockets()
+
+    async def _once_registered(self, then: Callable[[], None],
+                               unless: set[asyncio.Future[Any]]) -> None:
+        """Call ``then`` once the kubelet has registered every front end and made its
+        first calls (or had REGISTERED_WAIT to), and what only the probes and scrapes use
+        is loaded (off the loop), unless one of ``unless`` ends first.
+
+        What start-up's end does (a full collection: 10 to 30 ms holding the GIL) would
+        otherwise come in the middle of the kubelet's registration, which the device
+        plugin's start begins but does not wait for.
+        """
+        async def registered() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + REGISTERED_WAIT
+            while not self._registered() and loop.time() < deadline:
+                await asyncio.sleep(REGISTERED_POLL)
+            await asyncio.sleep(AFTER_REGISTERED)
+
+        async def registered_and_loaded() -> None:
+            await registered()
+            await WORKERS.run(self.snapshot.preload, "rdma-hca-preload")
+
+        waiting = asyncio.ensure_future(registered_and_loaded())
+        try:
+            await asyncio.wait({waiting, *unless}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if waiting.done() and not waiting.cancelled():
+            then()
+
+    def _registered(self) -> bool:
+        return ((self.lifecycle is None or self.lifecycle.ready())
+                and (self.dra is None or self.dra.stats().registered))
+
     async def run(self, stop: asyncio.Event,
                   on_started: Callable[[], None] | None = None) -> None:
         """Serve until ``stop`` is set or a root task dies (then :attr:`failed` is True);
-        ``on_started`` is called once the daemon has started."""
+        ``on_started`` is called once the daemon has started and the kubelet has
+        registered it (see :meth:`_once_registered`)."""
         stopped = asyncio.ensure_future(stop.wait())
         try:
             # A stop during start (its first discovery may wait a whole read deadline)
@@ -329,10 +399,10 @@ class Daemon:
                 await asyncio.gather(starting, return_exceptions=True)
                 return
             starting.result()
-            if on_started is not None:
-                on_started()
             failed = asyncio.ensure_future(self.supervisor.failed.wait())
             try:
+                if on_started is not None:
+                    await self._once_registered(on_started, {stopped, failed})
                 await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 failed.cancel()
@@ -344,7 +414,8 @@ class Daemon:
                 stuck = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 log.error("shutdown took over %g s; still running: %s", STOP_DEADLINE,
                           "; ".join(describe(t) for t in stuck))
-                self.lifecycle.remove_sockets()
+                if self.lifecycle is not None:
+                    self.lifecycle.remove_sockets()
 
 
 async def follow_neighbours(lldp: LldpListener, dra: DraDriver) -> None:

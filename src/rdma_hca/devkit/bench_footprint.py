@@ -42,10 +42,15 @@ from rdma_hca.devkit.bench_bare import READY_LINE
 from rdma_hca.devkit.bench_procs import BenchError, Child, bare_argv, free_tcp_port, scrape_once
 from rdma_hca.devkit.bench_report import Figure, Spec, Target, median
 
-# What `serve` imports, then what its start loads of its own (the health watch's inotify).
-DP_ENTRIES = ("rdma_hca.cli", "rdma_hca.daemon.main", "asyncinotify")
-# The DRA driver's modules and its Event recorder's load when the daemon is made.
-DRA_ENTRIES = ("rdma_hca.daemon.dra.driver", "rdma_hca.daemon.offer.nodeevents")
+# What `serve` imports, then what its start loads of its own (the kubelet directories' inotify
+# watch). Each front end's modules load when the daemon is made, and only that front end's:
+SERVE_ENTRIES = ("rdma_hca.cli", "rdma_hca.daemon.main", "asyncinotify")
+# the device plugin's pools, lifecycle and Allocate counts,
+DP_ENTRIES = (*SERVE_ENTRIES, "rdma_hca.daemon.deviceplugin.kubelet",
+              "rdma_hca.daemon.deviceplugin.runtime", "rdma_hca.daemon.deviceplugin.allocations")
+# the DRA driver's modules and its Event recorder's.
+DRA_ENTRIES = ("rdma_hca.daemon.dra.driver", "rdma_hca.daemon.dra.config",
+               "rdma_hca.daemon.offer.nodeevents")
 # What the API client loads when it is built (kube.client._build_http).
 API_ENTRIES = ("httpx2", "lightkube", "lightkube.config.client_adapter", "httpcore2", "anyio", "h2",
                "truststore")
@@ -330,7 +335,7 @@ async def dra_alone(fp: Footprint, quick: bool) -> dict[str, Any]:
     from rdma_hca.devkit.kube.certs import ca_data, server_tls
     from rdma_hca.devkit.sim.nodes import gpu_node
 
-    groups, tls_kib, _ = await import_groups((*DP_ENTRIES, *DRA_ENTRIES, *API_ENTRIES))
+    groups, tls_kib, _ = await import_groups((*SERVE_ENTRIES, *DRA_ENTRIES, *API_ENTRIES))
     node = gpu_node(fp.workdir / "fp-dra-node", hcas=DRA_HCAS)
     # Over HTTPS with the cluster's CA alone, as in a pod (the service account's ca.crt):
     # the driver makes the TLS context a node pays for.

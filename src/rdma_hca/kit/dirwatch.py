@@ -27,6 +27,12 @@ class DirEvent:
     gone: bool = False  # the directory itself was removed or moved away
 
 
+def load() -> None:
+    """Load the inotify bindings ahead of the first watch (blocking: an import and a
+    dlopen of libc, some 8 ms), for a caller that can do it off the loop."""
+    import asyncinotify  # noqa: F401
+
+
 async def watch_dir(directory: str, *, missing_poll: float = 1.0,
                     retry: float = 5.0) -> AsyncIterator[DirEvent]:
     """Events of ``directory`` until cancelled; waits while it does not exist."""

@@ -166,8 +166,12 @@ def _from_kubeconfig(path: Path, context_name: str | None, env: Mapping[str, str
                      accepts: CredentialSearch) -> Credentials:
     import yaml  # only a kubeconfig needs it; in a pod the service account's files do not
 
+    # libyaml's safe loader where PyYAML was built with it, as for the settings file: the
+    # same documents, in a tenth of the pure-Python parser's time (a daemon reads its
+    # kubeconfig before it registers, once for Events and once for the DRA driver).
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=loader)
     except OSError as exc:
         raise KubeconfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

@@ -22,6 +22,9 @@ DEFAULT_RDMA_HCA_MAX = 1000
 DEFAULT_METRICS_ADDRESS = ":9478"
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 DEFAULT_KUBELET_DIR = DEFAULT_KUBELET_ROOT + "/device-plugins"
+# The kubelet's own socket in its device-plugins directory: the device plugin registers
+# there, and the daemon's SIGHUP rescan says whether it is there whichever front end runs.
+KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_DRA_DRIVER_NAME = "rdma-hca.io"
 DEFAULT_READ_DEADLINE_SECONDS = 5.0
 DEFAULT_HEALTH_POLL_SECONDS = 0.5

@@ -31,7 +31,6 @@ import grpc
 
 from rdma_hca.daemon.deviceplugin.plugin import DevicePluginService
 from rdma_hca.daemon.deviceplugin.registration import (
-    KUBELET_SOCKET,
     PoolServer,
     RegisterCall,
     Registration,
@@ -44,6 +43,7 @@ from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import cancel_all, unless, wait_event
 from rdma_hca.kit.backoff import Backoff
 from rdma_hca.kit.dirwatch import watch_dir
+from rdma_hca.settings.model import KUBELET_SOCKET
 
 log = logging.getLogger(__name__)
 

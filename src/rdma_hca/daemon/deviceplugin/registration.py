@@ -22,10 +22,10 @@ from rdma_hca.daemon.deviceplugin.bounds import MAX_RECEIVE_BYTES
 from rdma_hca.daemon.deviceplugin.plugin import DevicePluginService
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.unixserver import UnixServer
+from rdma_hca.settings.model import KUBELET_SOCKET
 
 log = logging.getLogger(__name__)
 
-KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT = 15.0  # the kubelet dials us back inside Register with a 10 s timeout
 

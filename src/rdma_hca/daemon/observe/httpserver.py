@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rdma_hca.daemon.observe.status import Status
 from rdma_hca.kit.probe import UNIX_PATH_MAX
 from rdma_hca.kit.workers import WORKERS
 
 if TYPE_CHECKING:
     from rdma_hca.daemon.observe.metrics import Collects
+    from rdma_hca.daemon.observe.status import Status
 
 log = logging.getLogger(__name__)
 
