@@ -413,7 +413,7 @@ async def footprint_figures(bench: Any, quick: bool) -> list[Figure]:
     """Every footprint figure of the run; ``bench`` is the run's Bench (node, emulator)."""
     # Run 0 of each front end is the memory run; the rest are timed, each beside a bare
     # start (a start is a fraction of a second: the median of six steadies the ratio).
-    fp = Footprint(bench.workdir, 3 if quick else 7, bench.spawn, bench.stop_child)
+    fp = Footprint(bench.workdir, 2 if quick else 6, bench.spawn, bench.stop_child)
     bare_rss, bare_start = await fp.bare()
     fronts = {"dp": await device_plugin(fp, bench, quick), "dra": await dra_alone(fp, quick)}
     bench.details["footprint"] = {"bare_rss_mib": round(bare_rss, 2),
