@@ -27,13 +27,23 @@ class DirEvent:
     gone: bool = False  # the directory itself was removed or moved away
 
 
-async def watch_dir(directory: str, *, missing_poll: float = 1.0,
-                    retry: float = 5.0) -> AsyncIterator[DirEvent]:
-    """Events of ``directory`` until cancelled; waits while it does not exist."""
+async def watch_dir(directory: str, *, missing_poll: float = 1.0, retry: float = 5.0,
+                    creations: bool = True, writes: bool = True) -> AsyncIterator[DirEvent]:
+    """Events of ``directory`` until cancelled; waits while it does not exist.
+
+    Names moved in or out and removals are always reported; ``creations`` (an entry
+    created in place) and ``writes`` (a file closed after a write) may be left out by a
+    watcher that needs neither: each file written by a rename (a temp file created,
+    written, closed, renamed) would otherwise wake it three times, not once.
+    """
     from asyncinotify import Inotify, Mask
 
-    mask = (Mask.CREATE | Mask.DELETE | Mask.MOVED_TO | Mask.MOVED_FROM
-            | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.CLOSE_WRITE)
+    mask = (Mask.DELETE | Mask.MOVED_TO | Mask.MOVED_FROM | Mask.DELETE_SELF
+            | Mask.MOVE_SELF)
+    if creations:
+        mask |= Mask.CREATE
+    if writes:
+        mask |= Mask.CLOSE_WRITE
     while True:
         if not os.path.isdir(directory):
             await asyncio.sleep(missing_poll)

@@ -353,7 +353,9 @@ class KubeletSockets:
 
     async def _watch(self, path: str) -> None:
         directory, name = os.path.split(path)
-        async for event in watch_dir(directory):
+        # A socket is never written: files closed after a write here are the checkpoint's
+        # temp files, which would wake the loop while a Prepare's thread writes them.
+        async for event in watch_dir(directory, writes=False):
             if event.watching:
                 self.watches += 1
                 self.remove_dead()  # anything may have appeared while not watching
