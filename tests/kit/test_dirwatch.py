@@ -57,3 +57,32 @@ async def test_the_watch_waits_for_its_directory_and_says_when_it_is_gone(
     finally:
         task.cancel()
     assert events[0].watching and any(e.gone for e in events)
+
+
+async def test_a_watch_may_leave_out_creations_and_writes(tmp_path: Path) -> None:
+    seen: list[DirEvent] = []
+    started = asyncio.Event()
+    got_removal = asyncio.Event()
+
+    async def follow() -> None:
+        async for event in watch_dir(str(tmp_path), creations=False, writes=False):
+            seen.append(event)
+            if event.watching:
+                started.set()
+            if event.name == "a" and event.removed:
+                got_removal.set()
+
+    task = asyncio.create_task(follow())
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        # A file written as every writer of the checkpoint does: a temp file created,
+        # written and closed, then renamed over the name.
+        (tmp_path / ".a.tmp").write_text("x")
+        (tmp_path / ".a.tmp").rename(tmp_path / "a")
+        (tmp_path / "a").unlink()
+        await asyncio.wait_for(got_removal.wait(), 10)
+    finally:
+        task.cancel()
+    named = [(e.name, e.created, e.removed) for e in seen if e.name is not None]
+    # The temp file's creation and closing woke nobody: only the rename and the removal.
+    assert named == [(".a.tmp", False, True), ("a", True, False), ("a", False, True)]
