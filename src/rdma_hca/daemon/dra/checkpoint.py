@@ -63,15 +63,22 @@ def write_file(path: str, text: str, before_rename: Callable[[], None] | None = 
     it raises, nothing is renamed."""
     staged = StagedFile(path, text, 0o600)
     staged.flush()
-    if before_rename is not None:
-        try:
-            before_rename()
-        except BaseException:
-            staged.discard()
-            raise
-    staged.place()
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # Opened before the rename: between the rename and the directory's fsync the thread
+    # takes the GIL back once, not twice (the rename wakes the loop's follower, which
+    # wants it too).
     try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if before_rename is not None:
+                before_rename()
+        except BaseException:
+            os.close(fd)
+            raise
+    except BaseException:
+        staged.discard()
+        raise
+    try:
+        staged.place()
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -196,9 +196,14 @@ class StagedFile:
 
 def staged_claim_spec(spec_dir: str, driver: str, claim_uid: str,
                       spec: Mapping[str, Any]) -> StagedFile:
-    """A claim's CDI spec, to be flushed to a temp file and put in place."""
+    """A claim's CDI spec, to be flushed to a temp file and put in place.
+
+    Compact JSON, as the Go CDI library writes it: its readers (containerd, CRI-O, the
+    driver's recovery) parse it, and an indented dump takes Python's pure-Python encoder,
+    on the event loop in the middle of every Prepare (keys still sorted: the same claim
+    gives the same text)."""
     return StagedFile(cdi_spec_path(spec_dir, driver, claim_uid),
-                      json.dumps(spec, indent=2, sort_keys=True) + "\n")
+                      json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n")
 
 
 def remove_claim_spec(spec_dir: str, driver: str, claim_uid: str) -> None:

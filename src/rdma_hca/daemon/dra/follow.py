@@ -9,10 +9,11 @@ instance wrote before it, read under the lock) to the prepared claims' owner
 (``prepared.PreparedClaims.followed``), told whether another instance wrote since the
 last look, so that it stops trusting what it remembers.
 
-The file's directory is watched through inotify, with a slow backstop look in case an
-event was lost. Reads run off the loop. A read during which a write of this instance
-landed is done again: a Prepare that has just written its entry must not see its
-claim taken away by the older version the read found.
+The file's directory is watched through inotify for names moved in or out and removals
+(every writer replaces the file by a rename; an edit in place is left to the backstop),
+with a slow backstop look in case an event was lost. Reads run off the loop. A read
+during which a write of this instance landed is done again: a Prepare that has just
+written its entry must not see its claim taken away by the older version the read found.
 
 The rename of a write of this instance is not looked at: its version holds nothing this
 instance does not know, unless it carried another instance's write, whose own rename
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from rdma_hca.contract.checkpoint import Claims
 from rdma_hca.daemon.dra.checkpoint import Checkpoint, FileId
 from rdma_hca.kit.aio import cancel_all, wait_event
-from rdma_hca.kit.dirwatch import watch_dir
+from rdma_hca.kit.dirwatch import DirEvent, follow_dir
 from rdma_hca.kit.sayonce import Latch
 
 log = logging.getLogger(__name__)
@@ -90,17 +91,27 @@ class CheckpointFollower:
     async def _watch(self) -> None:
         path = self.checkpoint.path
         name = os.path.basename(path)
-        async for event in watch_dir(os.path.dirname(path) or "."):
+
+        def on_event(event: DirEvent) -> None:
+            # On the loop, as the watch reads the event: our own rename costs no task a
+            # turn while its thread waits for the GIL to fsync the directory.
             if event.name == name and not event.removed:
                 if self.checkpoint.renames > self._skipped_to:
                     self._skipped_to += 1  # a rename of ours, begun before this event
                     self.own_skipped += 1
-                    continue
+                    return
                 self._wake.set()
             elif event.watching or event.gone or event.name is None or event.name == name:
                 # Events may have been lost: none is owed, look now.
                 self._skipped_to = self.checkpoint.renames
                 self._wake.set()
+
+        # Every writer replaces the file by a rename (this driver's instances): the
+        # creation and closing of their temp files, here and beside the kubelet socket,
+        # would only wake the loop while a Prepare's thread writes. An edit in place is
+        # seen by the backstop.
+        await follow_dir(os.path.dirname(path) or ".", on_event, creations=False,
+                         writes=False)
 
     async def look(self) -> bool:
         """Hand on the version there now if it is new; True when one was handed on."""

@@ -145,10 +145,11 @@ class GroupCommit:
         self._pending.append((change, future, files, unless, staging))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_all(), name="dra-checkpoint-write")
-        # Shielded: a caller that stops waiting leaves the batch (and the others) alone;
-        # its change is dropped unless the write has already taken it.
+        # A caller that stops waiting cancels its own future only (no shield, which would
+        # cost its answer a turn of the loop): the batch and the others go on, and its
+        # change is dropped unless the write has already taken it.
         try:
-            return await asyncio.shield(future)
+            return await future
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -156,9 +157,10 @@ class GroupCommit:
     async def _write_all(self) -> None:
         try:
             while self._pending:
-                # One turn of the loop: claims whose files were written in the same turn
-                # join this batch rather than the next.
-                await asyncio.sleep(0)
+                # No turn of the loop waited for: this task begins a turn after the change
+                # that started it, so the changes of that same turn are in its batch, and
+                # those that come while it writes go in the next; a lone Prepare waits for
+                # no batch window.
                 batch, self._pending = self._pending, []
                 await self._write(batch)
         finally:

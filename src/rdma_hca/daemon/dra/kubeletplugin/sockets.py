@@ -66,7 +66,7 @@ from rdma_hca.daemon.dra.kubeletplugin.services import (
 )
 from rdma_hca.kit.aio import cancel_all, wait_event
 from rdma_hca.kit.backoff import Backoff
-from rdma_hca.kit.dirwatch import watch_dir
+from rdma_hca.kit.dirwatch import DirEvent, follow_dir
 from rdma_hca.kit.sayonce import Latch
 from rdma_hca.kit.unixserver import UnixServer
 
@@ -353,7 +353,8 @@ class KubeletSockets:
 
     async def _watch(self, path: str) -> None:
         directory, name = os.path.split(path)
-        async for event in watch_dir(directory):
+
+        def on_event(event: DirEvent) -> None:  # on the loop, as the watch reads it
             if event.watching:
                 self.watches += 1
                 self.remove_dead()  # anything may have appeared while not watching
@@ -366,6 +367,11 @@ class KubeletSockets:
                 if self._ours(directory, event.name):
                     # Another instance has started: any that are gone leave their sockets.
                     self.remove_dead(skip=os.path.join(directory, event.name))
+
+        # A socket is never written: files closed after a write here are the checkpoint's
+        # temp files, which would wake the loop while a Prepare's thread writes them. The
+        # plugin directory's watch is shared with the checkpoint's follower.
+        await follow_dir(directory, on_event, writes=False)
 
     async def _keep(self) -> None:
         delay = 0.0
