@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_hca.kit.dirwatch import DirEvent, follow_dir, watch_dir
+from rdma_hca.kit.dirwatch import DirEvent, follow_dir
 
 
 async def test_the_watch_sees_entries_come_and_go(tmp_path: Path) -> None:
@@ -16,15 +16,14 @@ async def test_the_watch_sees_entries_come_and_go(tmp_path: Path) -> None:
     started = asyncio.Event()
     got_removal = asyncio.Event()
 
-    async def follow() -> None:
-        async for event in watch_dir(str(tmp_path)):
-            seen.append(event)
-            if event.watching:
-                started.set()
-            if event.removed:
-                got_removal.set()
+    def on_event(event: DirEvent) -> None:
+        seen.append(event)
+        if event.watching:
+            started.set()
+        if event.removed:
+            got_removal.set()
 
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(follow_dir(str(tmp_path), on_event))
     try:
         await asyncio.wait_for(started.wait(), 10)
         (tmp_path / "a").write_text("x")
@@ -43,15 +42,14 @@ async def test_the_watch_waits_for_its_directory_and_says_when_it_is_gone(
     gone = asyncio.Event()
     watching = asyncio.Event()
 
-    async def follow() -> None:
-        async for event in watch_dir(str(where), missing_poll=0.01):
-            events.append(event)
-            if event.watching:
-                watching.set()
-            if event.gone:
-                gone.set()
+    def on_event(event: DirEvent) -> None:
+        events.append(event)
+        if event.watching:
+            watching.set()
+        if event.gone:
+            gone.set()
 
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(follow_dir(str(where), on_event, missing_poll=0.01))
     try:
         where.mkdir()
         await asyncio.wait_for(watching.wait(), 10)
@@ -67,15 +65,15 @@ async def test_a_watch_may_leave_out_creations_and_writes(tmp_path: Path) -> Non
     started = asyncio.Event()
     got_removal = asyncio.Event()
 
-    async def follow() -> None:
-        async for event in watch_dir(str(tmp_path), creations=False, writes=False):
-            seen.append(event)
-            if event.watching:
-                started.set()
-            if event.name == "a" and event.removed:
-                got_removal.set()
+    def on_event(event: DirEvent) -> None:
+        seen.append(event)
+        if event.watching:
+            started.set()
+        if event.name == "a" and event.removed:
+            got_removal.set()
 
-    task = asyncio.create_task(follow())
+    task = asyncio.create_task(follow_dir(str(tmp_path), on_event, creations=False,
+                                          writes=False))
     try:
         await asyncio.wait_for(started.wait(), 10)
         # A file written as every writer of the checkpoint does: a temp file created,

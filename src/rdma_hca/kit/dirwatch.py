@@ -6,11 +6,10 @@ next poll. The watch survives its directory going away (it waits for it to come 
 and inotify failing (it retries after ``retry`` seconds); callers keep a slow backstop
 check of their own in case an event was lost.
 
-Two ways to follow a directory: ``watch_dir`` (an async iterator of events, each a turn
-of its task) and ``follow_dir`` (a handler called on the loop as the events are read,
-which must not wait). The followers of one directory on one loop share a single inotify
-watch: one descriptor, always registered, read by one callback that hands each event to
-the handlers that asked for its kind. The DRA driver's checkpoint lives beside its
+A follower is a handler called on the loop as the events are read (``follow_dir``), which
+must not wait. The followers of one directory on one loop share a single inotify watch:
+one descriptor, always registered, read by one callback that hands each event to the
+handlers that asked for its kind. The DRA driver's checkpoint lives beside its
 socket, so at every rename of the checkpoint its two followers of that directory would
 otherwise each wake a task (and register and drop their descriptor with epoll), on the
 loop, while the writing thread waits for the GIL to fsync the directory.
@@ -22,7 +21,7 @@ import asyncio
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,39 +41,6 @@ def load() -> None:
     """Load the inotify bindings ahead of the first watch (blocking: an import and a
     dlopen of libc, some 8 ms), for a caller that can do it off the loop."""
     import asyncinotify  # noqa: F401
-
-
-async def watch_dir(directory: str, *, missing_poll: float = 1.0, retry: float = 5.0,
-                    creations: bool = True, writes: bool = True) -> AsyncIterator[DirEvent]:
-    """Events of ``directory`` until cancelled; waits while it does not exist.
-
-    Names moved in or out and removals are always reported; ``creations`` (an entry
-    created in place) and ``writes`` (a file closed after a write) may be left out by a
-    watcher that needs neither: each file written by a rename (a temp file created,
-    written, closed, renamed) would otherwise wake it three times, not once.
-    """
-    from asyncinotify import Inotify, Mask
-
-    mask = _mask(creations, writes)
-    while True:
-        if not os.path.isdir(directory):
-            await asyncio.sleep(missing_poll)
-            continue
-        try:
-            with Inotify() as inotify:
-                inotify.add_watch(directory, mask)
-                yield DirEvent(None, watching=True)
-                async for event in inotify:
-                    if event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED):
-                        yield DirEvent(None, gone=True)
-                        break
-                    yield DirEvent(
-                        event.name.name if event.name is not None else None,
-                        created=bool(event.mask & (Mask.CREATE | Mask.MOVED_TO)),
-                        removed=bool(event.mask & (Mask.DELETE | Mask.MOVED_FROM)))
-        except OSError as exc:
-            log.warning("cannot watch %s (%s); polling it instead", directory, exc)
-            await asyncio.sleep(retry)
 
 
 def _mask(creations: bool, writes: bool) -> Any:
@@ -203,11 +169,17 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _SharedW
 
 async def follow_dir(directory: str, handler: DirHandler, *, missing_poll: float = 1.0,
                      retry: float = 5.0, creations: bool = True, writes: bool = True) -> None:
-    """``handler`` called with the events of ``directory`` (as :func:`watch_dir` yields
-    them, ``creations`` and ``writes`` alike) until cancelled; waits while it does not
-    exist. The handler runs on the loop inside the watch's read of its events, so it
-    must not wait (wake a task of its own for anything slow); what it raises ends the
-    follow, raised from here. Followers of one directory on one loop share one watch."""
+    """``handler`` called with the events of ``directory`` until cancelled; waits while
+    it does not exist (a :class:`DirEvent` with ``watching`` each time a watch starts,
+    one with ``gone`` when the directory goes). Names moved in or out and removals are
+    always handed on; ``creations`` (an entry created in place) and ``writes`` (a file
+    closed after a write) may be left out by a follower that needs neither: each file
+    written by a rename (a temp file created, written, closed, renamed) would otherwise
+    reach it three times, not once.
+
+    The handler runs on the loop inside the watch's read of its events, so it must not
+    wait (wake a task of its own for anything slow); what it raises ends the follow,
+    raised from here. Followers of one directory on one loop share one watch."""
     loop = asyncio.get_running_loop()
     key = os.path.abspath(directory)
     mask = int(_mask(creations, writes))

@@ -42,7 +42,7 @@ from rdma_hca.daemon.deviceplugin.registration import (
 from rdma_hca.daemon.deviceplugin.runtime import PoolRuntime
 from rdma_hca.kit.aio import cancel_all, unless, wait_event
 from rdma_hca.kit.backoff import Backoff
-from rdma_hca.kit.dirwatch import watch_dir
+from rdma_hca.kit.dirwatch import DirEvent, follow_dir
 from rdma_hca.settings.model import KUBELET_SOCKET
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,8 @@ class KubeletLifecycle:
 
     async def _watch_dir(self) -> None:
         ours = {socket_name(r): p for r, p in self.pools.items()}
-        async for event in watch_dir(self.kubelet_dir, retry=self.backstop_seconds):
+
+        def on_event(event: DirEvent) -> None:  # on the loop, as the watch reads it
             if event.watching:
                 if self._dir_missing:
                     self._hurry = True
@@ -321,6 +322,8 @@ class KubeletLifecycle:
                     pool, f"{event.name} was " + (
                         "removed" if event.removed else "replaced by another file"))
             self.last_dir_event = event.name
+
+        await follow_dir(self.kubelet_dir, on_event, retry=self.backstop_seconds)
 
     async def _backstop(self) -> None:
         """A slow poll in case an inotify event was lost (or inotify is unavailable)."""
