@@ -20,12 +20,18 @@ def _remember(signum: int, frame: FrameType | None) -> None:
     _pending.append(signum)
 
 
+def _first_word(words: Sequence[str]) -> str:
+    """The subcommand as typed: the first word that is not a flag (the top level takes no
+    values); "" when there is none."""
+    return next((w for w in words if not w.startswith("-")), "")
+
+
 if _AS_COMMAND:
     for _sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_sig, _remember)
     # serve starts with the cyclic collector off from here, the modules below included
-    # (see main()); the subcommand is the first word that is not a flag, as main() says.
-    if next((w for w in sys.argv[1:] if not w.startswith("-")), "") == "serve":
+    # (see main()).
+    if _first_word(sys.argv[1:]) == "serve":
         gc.disable()
 
 import argparse  # noqa: E402
@@ -335,7 +341,7 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     """``rdma-hca ARGV...``; the exit status (docs/configuration.md lists them)."""
     # Named before anything else: a signal may come while the parser is still being built.
     words = list(sys.argv[1:] if argv is None else argv)
-    command = [next((w for w in words if not w.startswith("-")), "rdma-hca")]
+    command = [_first_word(words)]
     if command[0] not in COMMANDS:
         command[0] = "rdma-hca"
     # serve's start makes tens of thousands of objects that live as long as the process and
