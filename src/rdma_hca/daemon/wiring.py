@@ -205,7 +205,8 @@ class Daemon:
             inventory = await self.health.refresh()
         except BaseException:
             events.cancel()
-            await asyncio.gather(events, return_exceptions=True)
+            # The bindings' load ends on its own; what it raised is the failed start's.
+            await asyncio.gather(events, loading, return_exceptions=True)
             raise
         await loading
         log.info("found %d RDMA HCA(s): %s", len(inventory.hcas),
