@@ -191,17 +191,9 @@ class Footprint:
         self.stop = stop
         self.details: dict[str, Any] = {}
 
-    async def bare(self) -> tuple[float, list[float]]:
-        """The bare floor: RSS (MiB) after one Allocate, and start-up times (ms)."""
-        response = self.workdir / "fp-response.bin"
-        response.write_bytes(api_pb2.AllocateResponse().SerializeToString())
-        times: list[float] = []
-        rss = 0.0
-        for run in range(self.runs):
-            got = await self.bare_start(f"bare{run}", measure=run == 0)
-            times.append(got[0])
-            rss = got[1] if run == 0 else rss
-        return rss, times
+    async def bare_rss(self) -> float:
+        """The bare floor's RSS (MiB) after one Allocate."""
+        return (await self.bare_start("bare", measure=True))[1]
 
     async def bare_start(self, tag: str, measure: bool = False) -> tuple[float, float]:
         """One start of the bare server: ms from spawning to serving, and with ``measure``
@@ -272,10 +264,8 @@ class Footprint:
         return Measured(child, report, spawned), took
 
 
-def figures(fronts: dict[str, dict[str, Any]], bare_rss: float,
-            bare_start: list[float]) -> list[Figure]:
+def figures(fronts: dict[str, dict[str, Any]], bare_rss: float) -> list[Figure]:
     out: list[Figure] = []
-    floor = median(bare_start)
     for key, start_spec, burst_spec, up_spec in (
             ("dp", FP_DP_START, FP_DP_BURST, FP_DP_UP),
             ("dra", FP_DRA_START, FP_DRA_BURST, FP_DRA_UP)):
@@ -290,9 +280,8 @@ def figures(fronts: dict[str, dict[str, Any]], bare_rss: float,
                  f"that scrape (registered, the Prometheus client not loaded yet) "
                  f"{unscraped['rss']:.1f} MiB: {split_text(unscraped)}"))
         out.append(burst_spec.figure(after["rss"], first["rss"], note=split_text(after)))
-        bare = got.get("bare_ms") or []
         out.append(up_spec.figure(
-            median(got["start_ms"]), median(bare) if bare else floor,
+            median(got["start_ms"]), median(got["bare_ms"]),
             note=f"median of {len(got['start_ms'])}, from spawning to registered, nothing "
                  "imported ahead, each just after a bare start (whose median is the "
                  "baseline)"
@@ -414,9 +403,8 @@ async def footprint_figures(bench: Any, quick: bool) -> list[Figure]:
     # Run 0 of each front end is the memory run; the rest are timed, each beside a bare
     # start (a start is a fraction of a second: the median of six steadies the ratio).
     fp = Footprint(bench.workdir, 2 if quick else 6, bench.spawn, bench.stop_child)
-    bare_rss, bare_start = await fp.bare()
+    bare_rss = await fp.bare_rss()
     fronts = {"dp": await device_plugin(fp, bench, quick), "dra": await dra_alone(fp, quick)}
-    bench.details["footprint"] = {"bare_rss_mib": round(bare_rss, 2),
-                                  "bare_start_ms": bare_start, **fronts}
-    return figures(fronts, bare_rss, bare_start)
+    bench.details["footprint"] = {"bare_rss_mib": round(bare_rss, 2), **fronts}
+    return figures(fronts, bare_rss)
 
